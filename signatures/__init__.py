@@ -1,0 +1,21 @@
+"""Typed DSPy signatures, one per TRACE stage.
+
+Installed as ``trace_dspy.signatures`` (see the package-dir mapping in
+pyproject.toml). Each class docstring is the stage's instruction.
+"""
+
+from trace_dspy.signatures.stages import (
+    STAGE_SIGNATURES,
+    AnalyzeCause,
+    GenerateResponse,
+    PlanStrategy,
+    RecognizeEmotion,
+)
+
+__all__ = [
+    "STAGE_SIGNATURES",
+    "AnalyzeCause",
+    "GenerateResponse",
+    "PlanStrategy",
+    "RecognizeEmotion",
+]

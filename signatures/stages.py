@@ -1,0 +1,94 @@
+"""The four TRACE stages as typed signatures.
+
+Analysis comes first (emotion, then its cause), planning next, and the reply
+last. Closed label sets are ``Literal`` types, so an answer outside the set is
+a parse error the caller sees, never a silent default.
+"""
+
+from __future__ import annotations
+
+import dspy
+
+from trace_dspy.labels import CauseCategory, EmotionLabel, Strategy
+
+_DIALOGUE_DESC = (
+    "The conversation so far, one 'Speaker:' or 'Listener:' line per turn; "
+    "the last line is the speaker's."
+)
+_EXEMPLARS_DESC = (
+    "Similar past conversations with the reply a good listener gave; follow their tone, "
+    "never copy their wording. May be empty."
+)
+
+
+class RecognizeEmotion(dspy.Signature):
+    """Read the conversation as an attentive listener and decide which single emotion the
+    speaker is feeling about the situation they describe. Judge from the speaker's own
+    words and the events they report, not from the listener's turns. Answer with exactly
+    one of the allowed emotion labels."""
+
+    dialogue: str = dspy.InputField(desc=_DIALOGUE_DESC)
+    emotion: EmotionLabel = dspy.OutputField(desc="The speaker's emotion, one label from the allowed set.")
+
+
+class AnalyzeCause(dspy.Signature):
+    """Find out why the speaker feels the given emotion. Copy, word for word, the one or
+    two sentences from the speaker's turns that best show what triggered the feeling;
+    then state the cause in one short sentence of your own, and file it under one of the
+    six cause categories."""
+
+    dialogue: str = dspy.InputField(desc=_DIALOGUE_DESC)
+    emotion: EmotionLabel = dspy.InputField(desc="The speaker's emotion, from the previous stage.")
+    trigger_spans: list[str] = dspy.OutputField(
+        desc="One or two sentences quoted verbatim from the speaker's turns."
+    )
+    cause_summary: str = dspy.OutputField(desc="One sentence: what caused the emotion.")
+    cause_category: CauseCategory = dspy.OutputField(desc="The category the cause belongs to.")
+
+
+class PlanStrategy(dspy.Signature):
+    """Choose how the listener should show empathy in the next reply, using the EPITOME
+    mechanisms: ER (Emotional Reaction: voice warmth, compassion or concern), IP
+    (Interpretation: show that you understand the feeling or the experience behind it),
+    or EX (Exploration: ask a specific, gentle question that invites the speaker to say
+    more). Pick the primary mechanism that fits this speaker, emotion and cause best, and
+    a different secondary one to blend in. Only plan: do not write the reply."""
+
+    dialogue: str = dspy.InputField(desc=_DIALOGUE_DESC)
+    emotion: EmotionLabel = dspy.InputField(desc="The speaker's emotion.")
+    trigger_spans: list[str] = dspy.InputField(desc="Sentences of the speaker's that triggered the emotion.")
+    cause_summary: str = dspy.InputField(desc="What caused the emotion.")
+    cause_category: CauseCategory = dspy.InputField(desc="The category of the cause.")
+    exemplars: list[str] = dspy.InputField(desc=_EXEMPLARS_DESC)
+    strategy: Strategy = dspy.OutputField(desc="The primary mechanism: ER, IP or EX.")
+    secondary_strategy: Strategy = dspy.OutputField(
+        desc="A different mechanism to blend in: ER, IP or EX."
+    )
+
+
+class GenerateResponse(dspy.Signature):
+    """Write the listener's next reply to the speaker. Use one or two sentences. Open with
+    the planned primary strategy and weave in the secondary one. Mention one concrete
+    detail from the trigger sentences so the speaker knows they were heard. Use your own
+    words, in the tone of the exemplars without copying them, and do not give advice the
+    speaker did not ask for."""
+
+    dialogue: str = dspy.InputField(desc=_DIALOGUE_DESC)
+    emotion: EmotionLabel = dspy.InputField(desc="The speaker's emotion.")
+    trigger_spans: list[str] = dspy.InputField(desc="Sentences of the speaker's that triggered the emotion.")
+    cause_summary: str = dspy.InputField(desc="What caused the emotion.")
+    cause_category: CauseCategory = dspy.InputField(desc="The category of the cause.")
+    strategy: Strategy = dspy.InputField(desc="The primary mechanism to open with.")
+    secondary_strategy: Strategy = dspy.InputField(desc="The mechanism to blend in.")
+    exemplars: list[str] = dspy.InputField(desc=_EXEMPLARS_DESC)
+    response: str = dspy.OutputField(desc="The reply: one or two sentences, no unsolicited advice.")
+
+
+# Stage name -> signature, in pipeline order. The names are the program's
+# predictor attribute names and therefore the compiled artifact's schema.
+STAGE_SIGNATURES: dict[str, type[dspy.Signature]] = {
+    "recognize_emotion": RecognizeEmotion,
+    "analyze_cause": AnalyzeCause,
+    "plan_strategy": PlanStrategy,
+    "generate_response": GenerateResponse,
+}

@@ -1,0 +1,92 @@
+"""Configuration objects.
+
+``ProgramConfig`` decides the program's structure: which stages run and which
+of them reason step by step. It is plain data: it round-trips through a dict
+(for manifests and MLflow params) and through the ``[program]`` table of a
+TOML config file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_strategy", "generate_response")
+# Stages that an ablation may switch off. Emotion and reply are the task itself.
+OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """Structure of a :class:`~trace_dspy.TraceProgram`.
+
+    reasoning: stages that write a step-by-step ``reasoning`` field before their
+        answer (TRACE's identifier and planner reason; the others answer directly).
+    disabled: optional stages switched off for ablations; downstream stages then
+        lose the inputs that stage would have produced.
+    """
+
+    reasoning: tuple[str, ...] = ("recognize_emotion", "plan_strategy")
+    disabled: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reasoning", _stage_tuple("reasoning", self.reasoning, STAGES))
+        object.__setattr__(self, "disabled", _stage_tuple("disabled", self.disabled, OPTIONAL_STAGES))
+        if self.extra:
+            raise ConfigError(f"unknown [program] keys: {', '.join(sorted(self.extra))}")
+
+    def enabled(self, stage: str) -> bool:
+        return stage not in self.disabled
+
+    def reasons(self, stage: str) -> bool:
+        return stage in self.reasoning
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ProgramConfig:
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)} - {"extra"}
+        extra = {k: data.pop(k) for k in list(data) if k not in known}
+        return cls(**data, extra=extra)
+
+
+def _stage_tuple(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a list of stage names") from None
+    bad = [v for v in items if v not in allowed]
+    if bad:
+        raise ConfigError(f"{name}: {', '.join(map(repr, bad))} not allowed; choose from {', '.join(allowed)}")
+    # Keep pipeline order and drop repeats so equal configs compare equal.
+    return tuple(s for s in allowed if s in items)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file, with errors that name the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+def program_config_from_toml(path: str | Path) -> ProgramConfig:
+    return ProgramConfig.from_dict(read_toml(path).get("program"))
+
+
+__all__ = ["ConfigError", "OPTIONAL_STAGES", "ProgramConfig", "STAGES", "program_config_from_toml", "read_toml"]

@@ -1,0 +1,76 @@
+"""Closed label sets used across the program: emotions, Ekman groups, cause
+categories and empathy strategies.
+
+Everything here is plain data so that signatures, metrics and the data loader
+agree on one vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# The 32 EmpatheticDialogues conversation labels, alphabetical.
+EmotionLabel = Literal[
+    "afraid", "angry", "annoyed", "anticipating", "anxious", "apprehensive",
+    "ashamed", "caring", "confident", "content", "devastated", "disappointed",
+    "disgusted", "embarrassed", "excited", "faithful", "furious", "grateful",
+    "guilty", "hopeful", "impressed", "jealous", "joyful", "lonely",
+    "nostalgic", "prepared", "proud", "sad", "sentimental", "surprised",
+    "terrified", "trusting",
+]
+EMOTIONS: tuple[str, ...] = get_args(EmotionLabel)
+
+EkmanGroup = Literal["anger", "fear", "disgust", "happiness", "sadness", "surprise"]
+EKMAN_GROUPS: tuple[str, ...] = get_args(EkmanGroup)
+
+# The grouping follows the TRACE code release, which leaves `prepared` out.
+# We keep `prepared` and put it under happiness: in EmpatheticDialogues the
+# speaker who feels prepared is describing readiness for something coming up
+# (an exam, a trip, a storm) with confidence, which sits next to `confident`
+# and `hopeful` (both happiness) rather than next to the fear labels, whose
+# speakers are worried about the same kind of event. See README "Labels".
+EMOTION_TO_GROUP: dict[str, str] = {
+    **dict.fromkeys(("angry", "furious", "annoyed", "jealous"), "anger"),
+    **dict.fromkeys(("afraid", "terrified", "anxious", "apprehensive"), "fear"),
+    "disgusted": "disgust",
+    **dict.fromkeys(
+        ("joyful", "excited", "proud", "grateful", "content", "impressed", "caring",
+         "trusting", "faithful", "hopeful", "confident", "sentimental", "prepared"),
+        "happiness",
+    ),
+    **dict.fromkeys(
+        ("sad", "lonely", "disappointed", "devastated", "nostalgic", "guilty",
+         "ashamed", "embarrassed"),
+        "sadness",
+    ),
+    **dict.fromkeys(("surprised", "anticipating"), "surprise"),
+}
+
+CauseCategory = Literal[
+    "Social Connection & Affection",
+    "Conflict & Injustice",
+    "Loss & Failure",
+    "Achievement & Success",
+    "Threat & Potential Danger",
+    "Unexpectedness & Novelty",
+]
+CAUSE_CATEGORIES: tuple[str, ...] = get_args(CauseCategory)
+
+# EPITOME communication mechanisms (Sharma et al., 2020).
+Strategy = Literal["ER", "IP", "EX"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+STRATEGY_NAMES: dict[str, str] = {
+    "ER": "Emotional Reaction",
+    "IP": "Interpretation",
+    "EX": "Exploration",
+}
+
+
+def ekman_group(emotion: str) -> str:
+    """Map one of the 32 labels to its Ekman group; unknown labels raise."""
+    try:
+        return EMOTION_TO_GROUP[emotion]
+    except KeyError:
+        raise ValueError(
+            f"unknown emotion label {emotion!r}; expected one of the 32 EmpatheticDialogues labels"
+        ) from None
