@@ -25,7 +25,5 @@ def group_accuracy(gold: Sequence[str], predicted: Sequence[str | None]) -> floa
         raise ValueError(f"gold has {len(gold)} labels but predicted has {len(predicted)}")
     if not gold:
         raise ValueError("no items to score")
-    hits = 0
-    for g, p in zip(gold, predicted):
-        hits += p is not None and EMOTION_TO_GROUP.get(p) is not None and EMOTION_TO_GROUP[p] == EMOTION_TO_GROUP[g]
+    hits = sum(p in EMOTION_TO_GROUP and EMOTION_TO_GROUP[p] == EMOTION_TO_GROUP[g] for g, p in zip(gold, predicted))
     return hits / len(gold)

@@ -16,6 +16,7 @@ from typing import Any
 STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_strategy", "generate_response")
 # Stages that an ablation may switch off. Emotion and reply are the task itself.
 OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
+ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 
 
 class ConfigError(ValueError):
@@ -30,15 +31,21 @@ class ProgramConfig:
         answer (TRACE's identifier and planner reason; the others answer directly).
     disabled: optional stages switched off for ablations; downstream stages then
         lose the inputs that stage would have produced.
+    adapter: how prompts are laid out: ``chat`` (DSPy's ChatAdapter), ``compact``
+        (fewer layout tokens, for grammar-constrained small models), ``json``, or
+        ``auto``: compact for a constrained LM, chat otherwise.
     """
 
     reasoning: tuple[str, ...] = ("recognize_emotion", "plan_strategy")
     disabled: tuple[str, ...] = ()
+    adapter: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasoning", _stage_tuple("reasoning", self.reasoning, STAGES))
         object.__setattr__(self, "disabled", _stage_tuple("disabled", self.disabled, OPTIONAL_STAGES))
+        if self.adapter not in ADAPTER_CHOICES:
+            raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
         if self.extra:
             raise ConfigError(f"unknown [program] keys: {', '.join(sorted(self.extra))}")
 
@@ -49,7 +56,7 @@ class ProgramConfig:
         return stage in self.reasoning
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled)}
+        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ProgramConfig:

@@ -10,10 +10,13 @@ never renames a predictor: the four names are the compiled artifact's schema.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 
 import dspy
 
+from trace_dspy.adapters import choose_adapter
 from trace_dspy.config import ProgramConfig
 from trace_dspy.dialogue import normalize_dialogue
 from trace_dspy.labels import ekman_group
@@ -47,14 +50,49 @@ class TraceProgram(dspy.Module):
     ``Speaker:``/``Listener:`` line per turn, ending on the speaker) and
     optionally ``exemplars`` (a list of formatted example conversations).
     It returns a ``dspy.Prediction`` holding every stage's outputs.
+
+    ``stage_lms`` maps stage names to the ``dspy.LM`` that runs them; stages
+    without one use the LM in ``dspy.settings``. They are applied with
+    ``dspy.context`` inside ``forward`` rather than stored on the predictors,
+    because optimizers reset predictor LMs when they compile.
     """
 
-    def __init__(self, config: ProgramConfig | None = None):
+    def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None):
         super().__init__()
         self.config = config or ProgramConfig()
         for stage in STAGE_SIGNATURES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
+        self._stage_lms: dict[str, dspy.LM] = {}
+        self.set_stage_lms(stage_lms or {})
+
+    def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
+        unknown = set(stage_lms) - set(STAGE_SIGNATURES)
+        if unknown:
+            raise ValueError(f"unknown stage(s) for stage_lms: {', '.join(sorted(unknown))}")
+        self._stage_lms = dict(stage_lms)
+        return self
+
+    @property
+    def stage_lms(self) -> dict[str, dspy.LM]:
+        return dict(self._stage_lms)
+
+    def _stage_context(self, stage: str):
+        lm = self._stage_lms.get(stage)
+        adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
+        overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
+        return dspy.context(**overrides) if overrides else nullcontext()
+
+    def __deepcopy__(self, memo):
+        # Optimizers deep-copy programs (student, teacher, candidates). The copies
+        # share the stage LMs: an LM is a connection, not program state.
+        for lm in self._stage_lms.values():
+            memo[id(lm)] = lm
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            setattr(new, key, copy.deepcopy(value, memo))
+        return new
 
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
         state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or [])}
@@ -64,7 +102,8 @@ class TraceProgram(dspy.Module):
             if predictor is None:
                 continue
             sig = predictor.signature
-            result = predictor(**{name: state[name] for name in sig.input_fields})
+            with self._stage_context(stage):
+                result = predictor(**{name: state[name] for name in sig.input_fields})
             for name in sig.output_fields:
                 value = result[name]
                 if name == "reasoning":

