@@ -86,12 +86,13 @@ def read_batch_input(path: Path) -> list[tuple[str, Any, int]]:
                 obj = json.loads(raw.decode("utf-8"))
                 if not isinstance(obj, dict):
                     raise InputLineError(f"expected a JSON object, got {type(obj).__name__}")
-                item_id = str(obj.get("id", item_id))
+                given = str(obj.get("id", item_id))
+                if given in seen:  # keep the first; this line's error gets its own id
+                    raise InputLineError(f"duplicate id {given!r}")
+                item_id = given
                 dialogue = obj.get("turns", obj.get("dialogue"))
                 if dialogue is None:
                     raise InputLineError("needs 'turns' or 'dialogue'")
-                if item_id in seen:
-                    raise InputLineError(f"duplicate id {item_id!r}")
             except UnicodeDecodeError as exc:
                 dialogue = InputLineError(f"not valid UTF-8 ({exc.reason})")
             except json.JSONDecodeError as exc:

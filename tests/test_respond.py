@@ -1,0 +1,117 @@
+"""python -m trace_dspy.respond: single messages, batches, resume, failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import trace_dspy.lms as lms_module
+from trace_dspy import TraceProgram
+from trace_dspy.respond import main, read_records, respond_batch
+from trace_dspy.testing import fake_lm
+
+
+def echo_responder(outputs, inputs):
+    if "response" in outputs:
+        return {"response": "heard: " + inputs["dialogue"].splitlines()[-1]}
+    return {}
+
+
+@pytest.fixture
+def fake_models(monkeypatch):
+    """Every LM the CLI builds is one scripted fake; yields its engine."""
+    lm, engine = fake_lm(echo_responder)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    return engine
+
+
+def test_single_message_prints_the_reply(fake_models, capsys):
+    assert main(["I failed my driving test again."]) == 0
+    assert capsys.readouterr().out.strip() == "heard: Speaker: I failed my driving test again."
+    assert fake_models.stage_order() == ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
+
+
+def test_show_stages_and_json(fake_models, capsys):
+    assert main(["--show-stages", "Speaker: a\\nListener: b\\nSpeaker: c"]) == 0
+    out = capsys.readouterr().out
+    assert "emotion" in out and "sadness" in out and "Loss & Failure" in out and "heard: Speaker: c" in out
+    assert main(["--json", "hello"]) == 0
+    assert json.loads(capsys.readouterr().out)["cause_category"] == "Loss & Failure"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["Speaker: hi\\nListener: hey"], "last turn must be the speaker's"),
+    ([], "nothing to answer"),
+    (["--input", "x.jsonl"], "go together"),
+    (["--threads", "0", "hi"], "at least 1"),
+])
+def test_user_errors_exit_2_with_a_message(fake_models, capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def _write(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+def test_batch_records_failures_and_keeps_the_rest(tmp_path, fake_models, capsys):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [{"id": "a", "turns": ["I lost my keys."]}, "{broken", {"id": "c", "dialogue": "Speaker: x\nListener: y"},
+                 {"id": "d", "turns": ["My cat came home!"]}, {"id": "a", "turns": ["dup"]}])
+    assert main(["--input", str(src), "--output", str(out)]) == 1
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["a", "line-2", "c", "d", "line-5"]
+    assert records[0]["response"] == "heard: Speaker: I lost my keys." and records[0]["stages"]["emotion"] == "sad"
+    assert "in.jsonl:2: invalid JSON" in records[1]["error"]
+    assert "last turn" in records[2]["error"]
+    assert records[3]["response"].endswith("My cat came home!")
+    assert "duplicate id" in records[4]["error"]
+    assert "2 answered now" in capsys.readouterr().err
+
+
+def test_batch_resumes_after_a_torn_write(tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    _write(src, [{"id": str(i), "turns": [f"message {i}"]} for i in range(5)])
+    lm, engine = fake_lm(echo_responder)
+    done = {"id": "1", "line": 2, "response": "kept from before", "stages": {}}
+    failed = {"id": "3", "line": 4, "error": "timeout"}
+    out.write_text(json.dumps(done) + "\n" + json.dumps(failed) + "\n" + '{"id": "4", "resp')  # killed mid-line
+    report = respond_batch(TraceProgram(), src, out, lm=lm)
+    assert (report.total, report.skipped, report.answered, report.failed) == (5, 1, 4, 0)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["0", "1", "2", "3", "4"]
+    assert records[1]["response"] == "kept from before"  # not recomputed
+    assert records[3]["response"] == "heard: Speaker: message 3"  # the failure was retried
+    assert len(engine.calls) == 4 * 4
+    # A second rerun has nothing to do.
+    again = respond_batch(TraceProgram(), src, out, lm=lm)
+    assert (again.skipped, again.answered) == (5, 0) and len(engine.calls) == 16
+
+
+def test_threads_give_the_same_file_as_one_thread(tmp_path):
+    src = tmp_path / "in.jsonl"
+    _write(src, [{"id": str(i), "turns": [f"story number {i}."]} for i in range(24)])
+    outputs = []
+    for threads in (1, 8):
+        lm, _ = fake_lm(echo_responder)
+        out = tmp_path / f"out{threads}.jsonl"
+        respond_batch(TraceProgram(), src, out, lm=lm, threads=threads)
+        outputs.append(out.read_text())
+    assert outputs[0] == outputs[1]
+
+
+def test_read_records_ignores_a_missing_file(tmp_path):
+    assert read_records(tmp_path / "none.jsonl") == {}
+
+
+@pytest.mark.slow
+def test_cli_answers_offline_with_the_embedded_model(local_model, tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "DSPY_CACHEDIR": str(tmp_path / "c")}
+    run = subprocess.run([sys.executable, "-m", "trace_dspy.respond", "--show-stages", "I failed my driving test again."],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = dict(line.split(None, 1) for line in run.stdout.strip().splitlines() if " " in line)
+    assert lines["response"].strip() and lines["strategy"].strip() in {"ER", "IP", "EX"}
