@@ -42,7 +42,8 @@ def test_stages_run_in_order_with_the_right_inputs(fake):
 
 
 def test_every_stage_output_comes_back(fake):
-    pred = TraceProgram()(dialogue="I failed my driving test again.")
+    pred = TraceProgram(ProgramConfig(reasoning=["recognize_emotion", "plan_strategy"]))(
+        dialogue="I failed my driving test again.")
     assert pred.emotion == "sad" and pred.emotion_group == "sadness"
     assert pred.trigger_spans == ["I failed my driving test again."]
     assert pred.cause_summary and pred.cause_category == "Loss & Failure"

@@ -459,11 +459,19 @@ class LlamaEngine:
         pass
 
 
-def local_lm(model_path: str | None = None, *, cache: bool = True, name: str = DEFAULT_MODEL_NAME,
+def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | None = None,
              **engine_kwargs) -> Any:
-    """A ``dspy.LM`` backed by the embedded model."""
+    """A ``dspy.LM`` backed by the embedded model.
+
+    The LM's name is part of DSPy's cache key, so it names the model file and
+    the settings that change answers (constraints off, prefix reuse off).
+    """
     import dspy
 
     _import_llama()  # fail early with the install hint
     engine = LlamaEngine(model_path, **engine_kwargs)
+    if name is None:
+        name = DEFAULT_MODEL_NAME if model_path is None else "local/" + Path(model_path).stem.lower()
+        name += "" if engine.constrained else "+unconstrained"
+        name += "" if engine.prefix_cache else "+noreuse"
     return dspy.LM(name, engine=engine, cache=cache)

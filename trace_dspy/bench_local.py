@@ -1,0 +1,159 @@
+"""Measure the embedded model: speed, prefix reuse, parse failures, raw llama.cpp.
+
+    python -m trace_dspy.bench_local --data ../shared/data/empathetic_dialogues --limit 100
+
+1. Runs the program on ``--limit`` ED test dialogues (TRACE view, seeded) with
+   the embedded model: seconds per dialogue, generated tokens/s, stage calls
+   that failed to parse (first attempt and final).
+2. Runs the first ``--reuse-limit`` of them again with prefix reuse switched
+   off, for the with/without comparison.
+3. Replays the exact prompts of step 1 through llama-cpp-python directly
+   (``Llama.create_completion`` on the same rendered prompt, the same number of
+   generated tokens, no grammar, no state restore): the raw llama.cpp baseline.
+
+Prints a markdown table and writes JSON with ``--output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import dspy
+
+from trace_dspy.cli import progress, setup_logging
+from trace_dspy.config import ProgramConfig
+from trace_dspy.data import load_test
+from trace_dspy.program import TraceProgram
+
+
+def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig) -> dict:
+    from trace_dspy.local_lm import local_lm
+
+    lm = local_lm(cache=False, prefix_cache=prefix_cache)
+    program = TraceProgram(program_config)
+    engine = lm.engine
+    stage_calls = final_failures = 0
+    per_dialogue = []
+    with dspy.context(lm=lm):
+        for ex in progress(examples, desc=f"program (prefix reuse {'on' if prefix_cache else 'off'})"):
+            started = time.perf_counter()
+            stages_before = engine.stats.calls
+            try:
+                program(dialogue=ex.dialogue)
+                stage_calls += 4 - len(program.config.disabled)
+            except dspy.utils.exceptions.AdapterParseError:
+                final_failures += 1
+                stage_calls += 1  # the stage that failed; later stages never ran
+            per_dialogue.append((time.perf_counter() - started, engine.stats.calls - stages_before))
+    stats = engine.stats
+    lm_calls = stats.calls
+    return {
+        "dialogues": len(examples),
+        "seconds_per_dialogue": sum(t for t, _ in per_dialogue) / len(examples),
+        "lm_calls": lm_calls,
+        "stage_calls": stage_calls,
+        # Each extra LM call is a retry after a parse failure (ChatAdapter -> JSONAdapter).
+        "first_attempt_parse_failures": lm_calls - stage_calls,
+        "final_parse_failures": final_failures,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "engine_seconds": stats.seconds,
+        "generated_tokens_per_s": stats.completion_tokens / stats.seconds,
+        "history": [
+            {"messages": h.get("messages"), "completion_tokens": (h.get("usage") or {}).get("completion_tokens", 0)}
+            for h in lm.history
+        ],
+    }
+
+
+def run_raw(history: list[dict]) -> dict:
+    """The same prompts straight through llama-cpp-python, no grammar, no state restore."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from trace_dspy.local_lm import default_model_path
+
+    llama = Llama(str(default_model_path()), n_ctx=4096, n_threads=2, n_threads_batch=2, seed=0, verbose=False)
+    fmt = Jinja2ChatFormatter(llama.metadata["tokenizer.chat_template"], llama._model.token_get_text(llama.token_eos()),
+                              llama._model.token_get_text(llama.token_bos()))
+    started = time.perf_counter()
+    prompt_tokens = completion_tokens = 0
+    for item in progress(history, desc="raw llama.cpp"):
+        rendered = fmt(messages=item["messages"])
+        tokens = llama.tokenize(rendered.prompt.encode(), add_bos=not rendered.added_special, special=True)
+        n = max(1, item["completion_tokens"])
+        # Generate exactly as many tokens as the engine did (no stop, no grammar).
+        out = llama.create_completion(prompt=tokens, max_tokens=n, temperature=0.0, stop=[], logit_bias=None)
+        prompt_tokens += len(tokens)
+        completion_tokens += out["usage"]["completion_tokens"]
+    seconds = time.perf_counter() - started
+    return {"calls": len(history), "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "seconds": seconds, "generated_tokens_per_s": completion_tokens / seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.bench_local", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", help="data source (default: $TRACE_DSPY_DATA, else the seed set)")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--reuse-limit", type=int, default=20, help="dialogues for the no-reuse run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-raw", action="store_true", help="skip the raw llama.cpp replay")
+    parser.add_argument("--output", type=Path, help="write the results as JSON")
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)
+    config = ProgramConfig()
+    with_reuse = run_program(examples, prefix_cache=True, program_config=config)
+    subset = examples[: args.reuse_limit]
+    without_reuse = run_program(subset, prefix_cache=False, program_config=config)
+    with_reuse_subset_s = None
+    if args.reuse_limit:
+        # Same subset with reuse, for a like-for-like comparison.
+        with_reuse_subset_s = run_program(subset, prefix_cache=True, program_config=config)["seconds_per_dialogue"]
+    raw = None if args.no_raw else run_raw(with_reuse["history"])
+
+    rows = [
+        ("dialogues", with_reuse["dialogues"]),
+        ("stage calls", with_reuse["stage_calls"]),
+        ("stage calls that failed to parse on the first attempt",
+         f"{with_reuse['first_attempt_parse_failures']} ({100 * with_reuse['first_attempt_parse_failures'] / max(1, with_reuse['stage_calls']):.2f}%)"),
+        ("stage calls that failed after the JSON fallback", with_reuse["final_parse_failures"]),
+        ("seconds per dialogue (prefix reuse on)", f"{with_reuse['seconds_per_dialogue']:.2f}"),
+        ("generated tokens/s, engine", f"{with_reuse['generated_tokens_per_s']:.1f}"),
+        (f"seconds per dialogue, first {len(subset)}, reuse on / off",
+         f"{with_reuse_subset_s:.2f} / {without_reuse['seconds_per_dialogue']:.2f}" if with_reuse_subset_s else "-"),
+        ("prompt tokens per LM call", f"{with_reuse['prompt_tokens'] / max(1, with_reuse['lm_calls']):.0f}"),
+    ]
+    if raw:
+        rows += [
+            ("raw llama.cpp: same prompts and token counts, seconds", f"{raw['seconds']:.1f}"),
+            ("engine seconds on the same calls", f"{with_reuse['engine_seconds']:.1f}"),
+            ("engine time / raw time", f"{with_reuse['engine_seconds'] / raw['seconds']:.2f}"),
+            ("generated tokens/s, raw (prompt reading included)", f"{raw['generated_tokens_per_s']:.1f}"),
+        ]
+    print("| measure | value |\n| --- | --- |")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    if args.output:
+        result = {
+            "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": {"python": platform.python_version(), "processor": platform.processor(),
+                        "cpus": __import__("os").cpu_count()},
+            "with_reuse": {k: v for k, v in with_reuse.items() if k != "history"},
+            "without_reuse": {k: v for k, v in without_reuse.items() if k != "history"},
+            "with_reuse_subset_seconds_per_dialogue": with_reuse_subset_s,
+            "raw": raw,
+        }
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
