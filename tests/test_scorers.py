@@ -1,6 +1,29 @@
+"""Pure scorers against values computed by hand."""
+
+import math
+
 import pytest
 
-from trace_dspy.optimize import emotion_accuracy, group_accuracy
+from trace_dspy.optimize.judge import judge_score, pairwise_rates
+from trace_dspy.optimize.scorers import (
+    auc,
+    bleu,
+    content_words,
+    distinct_n,
+    distribution,
+    ead_n,
+    emotion_accuracy,
+    emotion_credit,
+    expectation_adjusted_distinct,
+    gives_advice,
+    group_accuracy,
+    mean_length,
+    response_rules,
+    rouge_l,
+    sentence_count,
+    token_f1,
+    tokenize,
+)
 
 
 def test_emotion_accuracy_hand_computed():
@@ -20,3 +43,74 @@ def test_scorers_reject_mismatched_or_empty_input():
         emotion_accuracy(["sad"], [])
     with pytest.raises(ValueError, match="no items"):
         group_accuracy([], [])
+
+
+def test_emotion_credit_and_distribution():
+    assert emotion_credit("sad", "sad") == 1.0
+    assert emotion_credit("sad", "lonely") == 0.5
+    assert emotion_credit("sad", "lonely", group_credit=0.0) == 0.0
+    assert emotion_credit("sad", "joyful") == 0.0
+    assert emotion_credit("sad", None) == 0.0
+    assert distribution(["ER", "ER", "EX", None]) == {"ER": 0.5, "EX": 0.25, "missing": 0.25}
+
+
+def test_tokenize_matches_ed_preprocessing():
+    assert tokenize("I'm SO sorry. That's bad!") == ["i", "'m", "so", "sorry", ".", "that", "'s", "bad", "!"]
+    assert tokenize("i 'm so sorry . that 's bad !") == ["i", "'m", "so", "sorry", ".", "that", "'s", "bad", "!"]
+    assert content_words("I lost my keys at the beach.") == {"lost", "keys", "beach"}
+
+
+def test_bleu_hand_computed():
+    assert bleu(["the cat sat"], ["the cat sat"], 1) == pytest.approx(100.0)
+    # All unigrams match; brevity penalty exp(1 - 3/2).
+    assert bleu(["the cat sat"], ["the cat"], 1) == pytest.approx(100 * math.exp(-0.5))
+    # Corpus level: 2 of 4 hypothesis unigrams match, no brevity penalty.
+    assert bleu(["a b", "c d"], ["a x", "c y"], 1) == pytest.approx(50.0)
+    with pytest.raises(ValueError):
+        bleu(["a"], ["a"], 5)
+
+
+def test_rouge_l_and_token_f1_hand_computed():
+    assert rouge_l("a b c d", "a c d e") == pytest.approx(0.75)  # LCS a c d: P = R = 3/4
+    assert rouge_l("a b", "c d") == 0.0 and rouge_l("", "a") == 0.0
+    assert token_f1("a a b", "a b b") == pytest.approx(2 / 3)  # overlap 2, P = R = 2/3
+    assert token_f1("a b", "c") == 0.0
+
+
+def test_distinct_and_ead_hand_computed():
+    assert distinct_n(["a b a", "a c"], 1) == pytest.approx(60.0)  # 3 distinct of 5
+    assert distinct_n(["a b a", "a c"], 2) == pytest.approx(100.0)  # (a b) (b a) (a c)
+    assert distinct_n([], 1) == 0.0
+    # 2 distinct of 3 draws; expected distinct = 10 * (1 - 0.9**3) = 2.71.
+    assert expectation_adjusted_distinct([1, 2, 1], 1, 10) == pytest.approx(2 / 2.71)
+    assert expectation_adjusted_distinct([1, 2, 1], 2, 10) == pytest.approx(2 / (10 * (1 - 0.9 ** 2)))
+    assert ead_n(["ha ha ha ha"], 1) < ead_n(["one two three four"], 1)
+    assert mean_length(["a b c", "d"]) == 2.0
+
+
+def test_response_rules():
+    speaker = "I lost my keys at the beach."
+    good = response_rules("Oh no, losing your keys at the beach sounds awful.", speaker)
+    assert good == {"brief": True, "reuses_detail": True, "no_advice": True, "not_parroting": True}
+    bad = response_rules("You should buy new ones. It's easy. Go now. Then relax.", speaker)
+    assert bad == {"brief": False, "reuses_detail": False, "no_advice": False, "not_parroting": True}
+    assert response_rules("I lost my keys at the beach.", speaker)["not_parroting"] is False
+    assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
+    assert not gives_advice("I hope you find them soon.")
+    assert sentence_count("Hi there. How are you? Fine") == 3
+
+
+def test_auc_hand_computed():
+    assert auc([0.9, 0.5], [0.5, 0.1]) == pytest.approx(3.5 / 4)  # one tie counts half
+    assert auc([1, 1], [0, 0]) == 1.0 and auc([0], [1]) == 0.0
+    with pytest.raises(ValueError):
+        auc([], [1])
+
+
+def test_judge_score_and_pairwise_rates():
+    ratings = {"emotional_reaction": 2, "interpretation": 0, "exploration": 2, "relevance": 2, "fluency": 1}
+    assert judge_score(ratings) == pytest.approx(0.5 + 0.25 + 0.125)
+    assert judge_score(dict.fromkeys(ratings, 0)) == 0.0
+    assert pairwise_rates(["win", "win", "tie", "loss"]) == {"win": 0.5, "tie": 0.25, "loss": 0.25}
+    with pytest.raises(ValueError):
+        pairwise_rates(["draw"])

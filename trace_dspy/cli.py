@@ -23,6 +23,9 @@ class Settings:
     lm: LMConfig = field(default_factory=LMConfig)
     raw: dict[str, Any] = field(default_factory=dict)
     config_path: str | None = None
+    # True when the user chose models (flags or an [lm] table): they then win
+    # over the models recorded in a loaded artifact.
+    lm_explicit: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Safe to record: holds no secrets."""
@@ -55,7 +58,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         analysis_lm=args.analysis_lm, response_lm=args.response_lm,
         judge_lm=args.judge_lm, prompt_lm=args.prompt_lm,
     )
-    return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None))
+    explicit = "lm" in raw or any(getattr(args, k, None) for k in (
+        "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"))
+    return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None), lm_explicit=explicit)
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -83,3 +88,20 @@ def existing_file(value: str) -> Path:
     if not path.is_file():
         raise argparse.ArgumentTypeError(f"no such file: {value}")
     return path
+
+
+def with_dspy_context(fn):
+    """Wrap ``fn`` so that worker threads see the caller's DSPy LM and adapter.
+
+    Threads of a plain ThreadPoolExecutor start from the global settings, not
+    from the caller's ``dspy.context``.
+    """
+    import dspy
+
+    overrides = {k: v for k, v in dspy.settings.config.items() if k in ("lm", "adapter")}
+
+    def run(*args, **kwargs):
+        with dspy.context(**overrides):
+            return fn(*args, **kwargs)
+
+    return run

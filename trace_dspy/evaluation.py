@@ -1,0 +1,203 @@
+"""Run a program over examples, score every reply, and summarise.
+
+``evaluate_program`` is the library entry point used by ``python -m
+trace_dspy.evaluate`` and by the compile workflow. Every example gets one row
+(prediction, metric components, or the error); rows are appended to a JSONL
+file as they finish, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from trace_dspy.cli import progress, with_dspy_context
+from trace_dspy.jsonl import AppendWriter, read_records
+from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.optimize.scorers import (
+    bleu,
+    distinct_n,
+    distribution,
+    ead_n,
+    emotion_accuracy,
+    group_accuracy,
+    mean_length,
+    rouge_l,
+    safe_mean,
+    token_f1,
+)
+
+PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
+                     "strategy", "secondary_strategy", "response")
+# Below this many finished examples the failure rate is too noisy to stop on.
+MIN_EXAMPLES_FOR_FAILURE_STOP = 10
+
+
+class FailureRateExceeded(RuntimeError):
+    """Too many examples failed for the score to mean anything."""
+
+
+@dataclass
+class EvalResult:
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+    results_path: Path | None
+
+    @property
+    def score(self) -> float:
+        return self.summary["empathy"]
+
+
+def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": example.get("sample_id") or example.dialogue,
+        "conversation_id": example.get("conversation_id"),
+        "gold_emotion": example.get("emotion"),
+        "gold_response": example.get("response"),
+        "dialogue": example.dialogue,
+    }
+    try:
+        pred = program(**example.inputs())
+    except Exception as exc:  # a failed example is recorded and counted, never dropped
+        row.update(error=f"{type(exc).__name__}: {exc}"[:2000], score=0.0)
+        return row
+    row["prediction"] = {k: pred[k] for k in PREDICTION_FIELDS if k in pred}
+    try:
+        scored = metric.evaluate(example, pred)
+    except Exception as exc:  # e.g. the judge LM failed
+        row.update(error=f"metric: {type(exc).__name__}: {exc}"[:2000], score=0.0)
+        return row
+    row.update(score=scored.score, components=scored.components, feedback=scored.feedback,
+               rules=scored.details.get("rules"), judge=scored.details.get("judge"),
+               similarity_kind=scored.details.get("similarity_kind"))
+    return row
+
+
+def evaluate_program(
+    program: dspy.Module,
+    examples: Sequence[dspy.Example],
+    metric: EmpathyMetric,
+    *,
+    lm: dspy.LM | None = None,
+    threads: int = 1,
+    results_path: str | os.PathLike | None = None,
+    max_failure_rate: float | None = 0.5,
+    desc: str = "evaluate",
+) -> EvalResult:
+    """Evaluate ``program`` on ``examples``; resumes from ``results_path`` if it exists."""
+    ids = [e.get("sample_id") or e.dialogue for e in examples]
+    if len(set(ids)) != len(ids):
+        raise ValueError("examples must have unique sample_id values")
+    done: dict[str, dict] = {}
+    if results_path is not None:
+        done = {k: v for k, v in read_records(results_path).items() if "error" not in v and k in set(ids)}
+    todo = [e for e, i in zip(examples, ids) if i not in done]
+    rows: dict[str, dict] = dict(done)
+    failures = 0
+
+    def task(example):
+        if lm is not None:
+            with dspy.context(lm=lm):
+                return run_one(program, metric, example)
+        return run_one(program, metric, example)
+
+    writer = AppendWriter(results_path) if results_path is not None else None
+    try:
+        with progress(total=len(todo), desc=desc) as bar, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            work = with_dspy_context(task)
+            pending = {pool.submit(work, e) for e in todo}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    row = fut.result()
+                    rows[row["id"]] = row
+                    failures += "error" in row
+                    if writer:
+                        writer.write(row)
+                    bar.update(1)
+                finished_count = len(rows) - len(done)
+                if (max_failure_rate is not None and finished_count >= MIN_EXAMPLES_FOR_FAILURE_STOP
+                        and failures / finished_count > max_failure_rate):
+                    for fut in pending:
+                        fut.cancel()
+                    sample = next(r["error"] for r in rows.values() if "error" in r)
+                    raise FailureRateExceeded(
+                        f"{failures} of {finished_count} examples failed (more than {max_failure_rate:.0%}); "
+                        f"stopping instead of reporting a misleading score. First error: {sample}. "
+                        + (f"Finished rows are kept in {results_path}; rerun to resume." if results_path else "")
+                    )
+    finally:
+        if writer:
+            writer.close()
+    ordered = [rows[i] for i in ids]
+    return EvalResult(summarize(ordered), ordered, Path(results_path) if results_path else None)
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Corpus-level numbers from per-example rows (failed rows score 0)."""
+    if not rows:
+        raise ValueError("no rows to summarise")
+    ok = [r for r in rows if "error" not in r]
+    preds = [r.get("prediction") or {} for r in rows]
+    replies = [p.get("response") or "" for p in preds]
+    ok_replies = [(r.get("prediction") or {}).get("response") or "" for r in ok]
+    golds = [r.get("gold_response") or "" for r in rows]
+    summary: dict[str, Any] = {
+        "n": len(rows),
+        "failed": len(rows) - len(ok),
+        "failure_rate": (len(rows) - len(ok)) / len(rows),
+        "empathy": sum(r.get("score", 0.0) for r in rows) / len(rows),
+    }
+    for comp in ("emotion", "rules", "similarity", "relevance", "judge"):
+        value = safe_mean((r.get("components") or {}).get(comp) for r in ok)
+        if value is not None:
+            summary[comp] = value
+    gold_emotions = [r.get("gold_emotion") for r in rows]
+    if all(gold_emotions):
+        summary["emotion_acc"] = emotion_accuracy(gold_emotions, [p.get("emotion") for p in preds])
+        summary["group_acc"] = group_accuracy(gold_emotions, [p.get("emotion") for p in preds])
+    if all(golds):
+        for n in (1, 2, 3, 4):
+            summary[f"bleu{n}"] = bleu(golds, replies, n)
+        summary["rouge_l"] = sum(rouge_l(g, h) for g, h in zip(golds, replies)) / len(rows)
+        summary["token_f1"] = sum(token_f1(g, h) for g, h in zip(golds, replies)) / len(rows)
+    if ok_replies:
+        summary["dist1"] = distinct_n(ok_replies, 1)
+        summary["dist2"] = distinct_n(ok_replies, 2)
+        summary["ead1"] = ead_n(ok_replies, 1)
+        summary["ead2"] = ead_n(ok_replies, 2)
+        summary["length"] = mean_length(ok_replies)
+        for rule in ("brief", "reuses_detail", "no_advice", "not_parroting"):
+            summary[f"rule_{rule}"] = safe_mean(float((r.get("rules") or {}).get(rule, False)) for r in ok)
+        judged = [r["judge"] for r in ok if r.get("judge")]
+        for key in ("emotional_reaction", "interpretation", "exploration", "relevance", "fluency"):
+            if judged:
+                summary[f"judge_{key}"] = sum(j[key] for j in judged) / len(judged)
+    kinds = {r.get("similarity_kind") for r in ok if r.get("similarity_kind")}
+    summary["similarity_kind"] = ",".join(sorted(kinds)) or None
+    summary["distributions"] = {
+        name: distribution(p.get(name) for p in preds if p)
+        for name in ("emotion_group", "strategy", "cause_category")
+    }
+    return summary
+
+
+def format_table(summaries: dict[str, dict[str, Any]], keys: Sequence[str] | None = None) -> str:
+    """A markdown table: one column per summary (e.g. before / after)."""
+    names = list(summaries)
+    if keys is None:
+        keys = [k for k in next(iter(summaries.values())) if k not in ("distributions", "similarity_kind")]
+    lines = ["| metric | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    for key in keys:
+        cells = []
+        for name in names:
+            value = summaries[name].get(key)
+            cells.append("-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value))
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

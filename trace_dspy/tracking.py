@@ -1,0 +1,100 @@
+"""MLflow helpers: one place that knows the tracking store, names and flattening.
+
+Metric names use ``/`` groups (``dev_after/empathy``) so that MLflow's charts
+and parallel-coordinates view line the same measure up across runs.
+Nothing here runs at import; MLflow itself is imported lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_EXPERIMENT = "trace-dspy"
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """The default store is ``mlflow.db`` in the working directory (absolute path)."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    return uri
+
+
+def _quiet_mlflow() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="sqlalchemy")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="mlflow")
+    for name in ("mlflow", "alembic", "sqlalchemy"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def ensure_experiment(name: str, tracking_uri: str) -> str:
+    """Create the experiment with an explicit artifact folder beside a sqlite store."""
+    import mlflow
+
+    _quiet_mlflow()
+    mlflow.set_tracking_uri(tracking_uri)
+    existing = mlflow.get_experiment_by_name(name)
+    if existing is not None:
+        return existing.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        location = (db.parent / "mlruns").resolve().as_uri()
+    return mlflow.create_experiment(name, artifact_location=location)
+
+
+@contextmanager
+def mlflow_run(*, tracking_uri: str | None, experiment: str, run_name: str, tags: Mapping[str, str] | None = None,
+               nested: bool = False):
+    """Start (and always end) an MLflow run; yields the run."""
+    import mlflow
+
+    uri = resolve_tracking_uri(tracking_uri)
+    experiment_id = ensure_experiment(experiment, uri)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=dict(tags or {}),
+                          nested=nested) as run:
+        yield run
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> flat ``a.b.c`` params, values as short strings."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name + "."))
+        else:
+            text = value if isinstance(value, str) else json.dumps(value)
+            out[name] = text[:6000]
+    return out
+
+
+def log_params(params: Mapping[str, Any]) -> None:
+    import mlflow
+
+    flat = flatten(params)
+    items = list(flat.items())
+    for i in range(0, len(items), 90):  # MLflow takes at most 100 params per batch
+        mlflow.log_params(dict(items[i:i + 90]))
+
+
+def numeric_metrics(summary: Mapping[str, Any], prefix: str) -> dict[str, float]:
+    """The plain numbers of a summary, as ``prefix/name`` metrics."""
+    out = {}
+    for key, value in summary.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        out[f"{prefix}/{key}"] = float(value)
+    return out
