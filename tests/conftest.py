@@ -26,6 +26,23 @@ def _reset_dspy():
     dspy.configure(lm=None, adapter=None)
 
 
+@pytest.fixture(autouse=True)
+def _isolate_mlflow(monkeypatch):
+    """Each test starts without a tracking URI (mlflow.set_tracking_uri also sets the env var)."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    try:
+        import mlflow
+
+        if mlflow.active_run() is not None:
+            mlflow.end_run()
+        mlflow.set_tracking_uri(None)
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    except Exception:
+        pass
+
+
 @pytest.fixture
 def fake():
     """A fake LM configured for the test; yields the engine that records calls."""

@@ -222,8 +222,20 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where:
     return program
 
 
-def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | None = None) -> LoadedProgram:
+def _warn_on_drift(manifest: dict[str, Any], where: Path) -> None:
+    import warnings
+
+    saved = (manifest.get("packages") or {}).get("dspy")
+    installed = package_versions().get("dspy")
+    if saved and installed and saved != installed:
+        warnings.warn(f"{where} was compiled with dspy {saved}; dspy {installed} is installed. "
+                      "Prompts may render differently; recompile if scores change.", stacklevel=3)
+
+
+def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | None = None,
+                attach_lms: bool = True) -> LoadedProgram:
     manifest = read_manifest(folder)
+    _warn_on_drift(manifest, folder)
     state = read_program_state(folder)
     try:
         config = ProgramConfig.from_dict(manifest["config"].get("program"))
@@ -232,7 +244,8 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
     program = build_program(config, state, where=str(folder / "program.json"))
     lms = LMSet(lm_config or recorded_lm)
-    program.set_stage_lms(lms.stage_lms())
+    if attach_lms:
+        program.set_stage_lms(lms.stage_lms())
     return LoadedProgram(program, lms, manifest, folder, ref or str(folder))
 
 
@@ -264,26 +277,28 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def load(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
-         tracking_uri: str | None = None) -> dspy.Module:
+         tracking_uri: str | None = None, attach_lms: bool = True) -> dspy.Module:
     """Load a compiled program, ready to call, from any reference.
 
     ``ref``: an artifact folder or program.json; ``NAME@vN``; ``NAME@latest``;
     ``champion`` (the registry alias); ``models:/NAME/VERSION`` or
     ``models:/NAME@ALIAS``; ``runs:/RUN_ID``. The configured LMs from the
-    manifest are reattached unless ``lm_config`` replaces them.
+    manifest are reattached unless ``lm_config`` replaces them; with
+    ``attach_lms=False`` the program uses whatever LM ``dspy.settings`` holds.
     """
-    return load_reference(ref, lm_config=lm_config, root=root, tracking_uri=tracking_uri).program
+    return load_reference(ref, lm_config=lm_config, root=root, tracking_uri=tracking_uri,
+                          attach_lms=attach_lms).program
 
 
 def load_reference(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
-                   tracking_uri: str | None = None) -> LoadedProgram:
+                   tracking_uri: str | None = None, attach_lms: bool = True) -> LoadedProgram:
     if ref == "champion" or ref.startswith(("models:/", "runs:/")):
         from trace_dspy.registry import fetch_artifact
 
         folder = fetch_artifact(ref, tracking_uri=tracking_uri)
     else:
         folder = resolve_local(ref, root)
-    return load_folder(folder, lm_config=lm_config, ref=ref)
+    return load_folder(folder, lm_config=lm_config, ref=ref, attach_lms=attach_lms)
 
 
 def load_for_run(ref: str, settings, *, tracking_uri: str | None = None) -> LoadedProgram:

@@ -27,6 +27,7 @@ importlib, without importing its ``llm`` plugin). Install it with the
 from __future__ import annotations
 
 import ast
+import atexit
 import ctypes
 import importlib.util
 import json
@@ -226,7 +227,20 @@ def _load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> _Loaded:
             llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
                                     seed=seed, verbose=False)
             loaded = _MODELS[key] = _Loaded(llama, threading.Lock(), OrderedDict(), *_formatters(llama))
+            if len(_MODELS) == 1:
+                atexit.register(_close_models)
         return loaded
+
+
+def _close_models() -> None:
+    """Free models before interpreter teardown (llama-cpp-python's own finalizer
+    fails noisily once module globals are gone)."""
+    for loaded in _MODELS.values():
+        try:
+            loaded.llama.close()
+        except Exception:
+            pass
+    _MODELS.clear()
 
 
 def _formatters(llama) -> tuple[Any, Any]:

@@ -1,0 +1,130 @@
+"""A small registry: optimizer name -> how to compile a program with it.
+
+Each entry builds the DSPy optimizer from an ``OptimizerConfig`` and compiles
+against the empathy metric. Budgets are explicit and small by default so that
+every optimizer finishes on the embedded model; raise them for a real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import dspy
+
+from trace_dspy.config import ConfigError
+
+OPTIMIZERS = ("labeled", "bootstrap", "mipro", "gepa", "simba")
+DEFAULT_OPTIMIZER = "bootstrap"
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = DEFAULT_OPTIMIZER
+    # labeled, bootstrap, mipro: demos per predictor
+    max_bootstrapped_demos: int = 2
+    max_labeled_demos: int = 2
+    max_rounds: int = 1
+    # mipro
+    mipro_candidates: int = 3
+    mipro_trials: int = 4
+    # gepa
+    gepa_max_metric_calls: int = 60
+    gepa_minibatch: int = 3
+    # simba
+    simba_steps: int = 2
+    simba_candidates: int = 2
+    simba_bsize: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"optimizer {self.name!r}: choose from {', '.join(OPTIMIZERS)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and f.name != "seed" and value < 0:
+                raise ConfigError(f"optimizer setting {f.name} must be >= 0, got {value}")
+
+    def settings(self) -> dict[str, Any]:
+        """Only the settings this optimizer uses (for manifests and MLflow params)."""
+        used = {
+            "labeled": ("max_labeled_demos",),
+            "bootstrap": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds"),
+            "mipro": ("max_bootstrapped_demos", "max_labeled_demos", "mipro_candidates", "mipro_trials"),
+            "gepa": ("gepa_max_metric_calls", "gepa_minibatch"),
+            "simba": ("simba_steps", "simba_candidates", "simba_bsize", "max_bootstrapped_demos"),
+        }[self.name]
+        return {"name": self.name, "seed": self.seed, **{k: getattr(self, k) for k in used}}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> OptimizerConfig:
+        data = dict(data or {})
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"[optimizer] unknown keys: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+Compiler = Callable[..., dspy.Module]
+
+
+def _labeled(cfg, program, metric, trainset, valset, prompt_lm):
+    return dspy.LabeledFewShot(k=cfg.max_labeled_demos).compile(program, trainset=trainset, sample=True)
+
+
+def _bootstrap(cfg, program, metric, trainset, valset, prompt_lm):
+    optimizer = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                                      max_labeled_demos=cfg.max_labeled_demos, max_rounds=cfg.max_rounds)
+    return optimizer.compile(program, trainset=trainset)
+
+
+def _mipro(cfg, program, metric, trainset, valset, prompt_lm):
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise ConfigError('MIPROv2 needs optuna: pip install -e ".[mipro]"') from None
+    optimizer = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm, auto=None, num_candidates=cfg.mipro_candidates,
+                             max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+                             max_labeled_demos=cfg.max_labeled_demos, seed=cfg.seed, verbose=False,
+                             num_threads=1)
+    return optimizer.compile(program, trainset=trainset, valset=valset, num_trials=cfg.mipro_trials,
+                             minibatch=False, requires_permission_to_run=False)
+
+
+def _gepa(cfg, program, metric, trainset, valset, prompt_lm):
+    if prompt_lm is None:
+        raise ConfigError("GEPA needs a reflection LM: set [lm.prompt] or --prompt-lm")
+    optimizer = dspy.GEPA(metric=metric, reflection_lm=prompt_lm, max_metric_calls=cfg.gepa_max_metric_calls,
+                          reflection_minibatch_size=cfg.gepa_minibatch, seed=cfg.seed, track_stats=False)
+    return optimizer.compile(program, trainset=trainset, valset=valset)
+
+
+def _simba(cfg, program, metric, trainset, valset, prompt_lm):
+    if len(trainset) < cfg.simba_bsize:
+        raise ConfigError(f"SIMBA needs at least bsize={cfg.simba_bsize} training examples, got {len(trainset)}")
+    optimizer = dspy.SIMBA(metric=metric, bsize=cfg.simba_bsize, num_candidates=cfg.simba_candidates,
+                           max_steps=cfg.simba_steps, max_demos=cfg.max_bootstrapped_demos,
+                           prompt_model=prompt_lm, num_threads=1)
+    return optimizer.compile(program, trainset=trainset, seed=cfg.seed)
+
+
+COMPILERS: dict[str, Compiler] = {
+    "labeled": _labeled, "bootstrap": _bootstrap, "mipro": _mipro, "gepa": _gepa, "simba": _simba,
+}
+
+
+def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset: Sequence[dspy.Example],
+                    valset: Sequence[dspy.Example], *, prompt_lm: dspy.LM | None = None) -> dspy.Module:
+    """Compile ``program`` with the configured optimizer; the program's stage LMs carry over."""
+    if not trainset:
+        raise ConfigError("the training set is empty")
+    compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
+    # Optimizers reset predictor LMs; TraceProgram keeps stage LMs outside its predictors,
+    # but a foreign module may not: put them back if the copy lost them.
+    if hasattr(program, "stage_lms") and hasattr(compiled, "set_stage_lms") and not compiled.stage_lms:
+        compiled.set_stage_lms(program.stage_lms)
+    return compiled

@@ -1,0 +1,285 @@
+"""The compile workflow, artifacts, the registry and every load reference, with fake LMs."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import warnings
+
+import dspy
+import pytest
+
+import trace_dspy
+import trace_dspy.lms as lms_module
+from trace_dspy import ProgramConfig, TraceProgram
+from trace_dspy.artifacts import ArtifactError, load_reference, save_artifact, versions
+from trace_dspy.compile import config_from_args, main, run_compile
+from trace_dspy.config import ConfigError
+from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig, compile_program
+from trace_dspy.registry import champion, promote_if_better, register_version
+from trace_dspy.testing import fake_lm
+
+STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
+
+
+def reply_for(outputs, inputs):
+    if "response" in outputs:
+        return {"response": "Losing that at the beach sounds awful; how are you holding up?"}
+    if "emotion" in outputs and "dialogue" in inputs:  # right on some, wrong on others
+        return {"emotion": "sad" if len(inputs["dialogue"]) % 2 else "joyful"}
+    return {}
+
+
+@pytest.fixture
+def fake_models(monkeypatch, tmp_path):
+    lm, engine = fake_lm(reply_for, new_instruction="Be warm and specific.")
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    return engine
+
+
+def trainset(n=6):
+    return [dspy.Example(dialogue=f"Speaker: I lost my ring at the beach, day {i}.", emotion="sad",
+                         response="Oh no, that ring meant a lot. Did you find it?", sample_id=f"t{i}")
+            .with_inputs("dialogue") for i in range(n)]
+
+
+# ---------------------------------------------------------------- config
+
+
+def test_every_flag_reaches_the_config(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('[optimizer]\nname = "simba"\nsimba_steps = 9\n[data]\ntrain = 40\n[program]\ndisabled = ["plan_strategy"]\n')
+    cfg = config_from_args(["--config", str(toml), "--optimizer", "mipro", "--max-demos", "3", "--max-labeled", "1",
+                            "--mipro-candidates", "5", "--mipro-trials", "7", "--gepa-max-metric-calls", "11",
+                            "--simba-bsize", "2", "--dev", "9", "--seed", "4", "--name", "mine", "--threads", "2",
+                            "--artifacts-dir", "arts", "--tracking-uri", "sqlite:///x.db", "--experiment", "exp",
+                            "--registered-model", "reg", "--no-mlflow", "--data", "d.jsonl", "--lm", "openai/x",
+                            "--max-failure-rate", "0.1"])
+    o = cfg.optimizer
+    assert (o.name, o.max_bootstrapped_demos, o.max_labeled_demos, o.mipro_candidates, o.mipro_trials) == (
+        "mipro", 3, 1, 5, 7)
+    assert (o.gepa_max_metric_calls, o.simba_bsize, o.simba_steps, o.seed) == (11, 2, 9, 4)
+    assert (cfg.train, cfg.dev, cfg.seed, cfg.name, cfg.threads, cfg.artifacts_dir) == (40, 9, 4, "mine", 2, "arts")
+    assert (cfg.tracking_uri, cfg.experiment, cfg.registered_model, cfg.mlflow) == ("sqlite:///x.db", "exp", "reg", False)
+    assert (cfg.data, cfg.max_failure_rate, cfg.settings.lm.default.model) == ("d.jsonl", 0.1, "openai/x")
+    assert cfg.settings.program.disabled == ("plan_strategy",)
+    assert cfg.record()["optimizer"] == o.settings()
+    with pytest.raises(ConfigError):
+        config_from_args(["--train", "0"])
+    with pytest.raises(ConfigError, match="unknown keys"):
+        OptimizerConfig.from_dict({"trials": 3})
+
+
+def test_the_parsed_config_drives_the_run(fake_models, tmp_path):
+    cfg = config_from_args(["--optimizer", "labeled", "--max-labeled", "3", "--train", "5", "--dev", "4",
+                            "--seed", "2", "--name", "drive", "--no-mlflow"])
+    result = run_compile(cfg)
+    m = result.manifest
+    assert result.artifact == tmp_path / "artifacts/drive/v0001"
+    assert len(m["data"]["train_ids"]) == 5 and len(m["data"]["dev_ids"]) == 4 and result.before["n"] == 4
+    assert m["optimizer"] == {"name": "labeled", "seed": 2, "max_labeled_demos": 3}
+    state = json.loads((result.artifact / "program.json").read_text())
+    assert all(len(state[s]["demos"]) == 3 for s in STAGES)
+    assert m["mlflow"]["run_id"] is None and m["config"]["data"]["seed"] == 2
+
+
+# ---------------------------------------------------------------- optimizers
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_each_optimizer_compiles_with_a_tiny_budget(name):
+    if name == "mipro":
+        pytest.importorskip("optuna")
+    lm, _ = fake_lm(reply_for, new_instruction="Be warm and specific.", proposed_instruction="Be warm.")
+    response_lm, response_engine = fake_lm(reply_for)
+    program = TraceProgram(stage_lms={"generate_response": response_lm})
+    cfg = OptimizerConfig(name=name, max_bootstrapped_demos=1, max_labeled_demos=1, mipro_candidates=2,
+                          mipro_trials=2, gepa_max_metric_calls=16, gepa_minibatch=2, simba_steps=1,
+                          simba_candidates=2, simba_bsize=2)
+    with dspy.context(lm=lm):
+        compiled = compile_program(cfg, program, EmpathyMetric(embedder=None), trainset(), trainset(3),
+                                   prompt_lm=lm)
+        assert isinstance(compiled, TraceProgram)
+        assert [n for n, _ in compiled.named_predictors()] == STAGES
+        response_engine.calls.clear()
+        assert compiled(dialogue="My cat is missing.").response
+    assert response_engine.stage_order() == ["generate_response"]  # the stage LM survived compiling
+
+
+def test_gepa_without_a_reflection_lm_is_a_clear_error():
+    with pytest.raises(ConfigError, match="reflection LM"):
+        compile_program(OptimizerConfig(name="gepa"), TraceProgram(), EmpathyMetric(embedder=None), trainset(),
+                        trainset(2), prompt_lm=None)
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def _save(root, name="a", program=None):
+    return save_artifact(program or TraceProgram(), {"config": {"program": ProgramConfig().to_dict()}},
+                         name=name, root=root)
+
+
+def _save_many(root, count):
+    for _ in range(count):
+        _save(root)
+
+
+def test_versions_are_gap_free_and_concurrent_writers_never_collide(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_save_many, args=(tmp_path, 5)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    assert versions("a", tmp_path) == list(range(1, 16))
+    numbers = sorted(json.loads((tmp_path / f"a/v{v:04d}/manifest.json").read_text())["version"] for v in range(1, 16))
+    assert numbers == list(range(1, 16))
+    assert not list((tmp_path / "a").glob(".tmp-*"))
+
+
+def test_a_failed_or_killed_write_leaves_no_version(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        save_artifact(TraceProgram(), {"config": {}}, name="a", root=tmp_path,
+                      extra_files={"x.jsonl": tmp_path / "missing.jsonl"})
+    assert versions("a", tmp_path) == [] and not list((tmp_path / "a").glob(".tmp-*"))
+    # A writer killed with -9 leaves its private folder behind; it is never a version,
+    # and the next save removes it.
+    stale = tmp_path / "a" / ".tmp-999999999-dead"
+    stale.mkdir()
+    (stale / "program.json").write_text("{")
+    assert versions("a", tmp_path) == []
+    _save(tmp_path)
+    assert versions("a", tmp_path) == [1] and not stale.exists()
+
+
+def test_round_trip_gives_exactly_the_compiled_outputs(tmp_path):
+    lm, _ = fake_lm(reply_for)
+    with dspy.context(lm=lm):
+        compiled = dspy.BootstrapFewShot(metric=lambda e, p, trace=None: True, max_bootstrapped_demos=2,
+                                         max_labeled_demos=1).compile(TraceProgram(), trainset=trainset())
+        compiled.generate_response.signature = compiled.generate_response.signature.with_instructions("Be kind.")
+    folder = save_artifact(compiled, {"config": {"program": ProgramConfig().to_dict(), "lm": {}}}, root=tmp_path)
+    loaded = trace_dspy.load(str(folder), attach_lms=False)
+    probe_lm, probe = fake_lm(reply_for)
+    outputs = []
+    for program in (compiled, loaded):
+        probe.calls.clear()
+        with dspy.context(lm=probe_lm):
+            outputs.append(program(dialogue="My ring slipped into the sea.").toDict())
+        outputs.append([(c.instructions, c.inputs) for c in probe.calls])
+    assert outputs[0] == outputs[2] and outputs[1] == outputs[3]  # same outputs, same prompts
+    assert loaded.generate_response.signature.instructions == "Be kind."
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda f: (f / "program.json").write_text('{"recognize_emotion": '), "damaged or truncated"),
+    (lambda f: (f / "manifest.json").write_text("{"), "damaged or truncated"),
+    (lambda f: (f / "manifest.json").unlink(), "manifest.json is missing"),
+    (lambda f: _edit(f, "manifest.json", schema_version=99), "schema version 99"),
+    (lambda f: _edit(f, "manifest.json", drop="predictors"), "missing predictors"),
+    (lambda f: _rename_predictor(f), "do not match"),
+])
+def test_tampered_artifacts_give_clear_errors(tmp_path, damage, message):
+    folder = _save(tmp_path)
+    damage(folder)
+    with pytest.raises(ArtifactError, match=message):
+        trace_dspy.load(str(folder))
+
+
+def _edit(folder, name, drop=None, **changes):
+    data = json.loads((folder / name).read_text())
+    data.update(changes)
+    if drop:
+        data.pop(drop)
+    (folder / name).write_text(json.dumps(data))
+
+
+def _rename_predictor(folder):
+    data = json.loads((folder / "program.json").read_text())
+    data["respond"] = data.pop("generate_response")
+    (folder / "program.json").write_text(json.dumps(data))
+
+
+def test_dspy_version_drift_warns(tmp_path):
+    folder = _save(tmp_path)
+    _edit(folder, "manifest.json", packages={"dspy": "0.0.1"})
+    with pytest.warns(UserWarning, match="compiled with dspy 0.0.1"):
+        trace_dspy.load(str(folder))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace_dspy.load(str(_save(tmp_path)))  # same version: no warning
+
+
+def test_loading_never_unpickles(tmp_path):
+    folder = _save(tmp_path)
+    (folder / "program.pkl").write_bytes(b"\x80\x04not a real pickle")
+    assert trace_dspy.load(str(folder / "program.json"))  # the pickle is never touched
+
+
+# ---------------------------------------------------------------- registry and references
+
+
+def test_champion_moves_only_on_a_strictly_better_score(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run() as run:
+        versions_ = [register_version(run.info.run_id, run.info.artifact_uri, s, tracking_uri=uri)
+                     for s in (0.5, 0.4, 0.5, 0.50001)]
+    assert versions_ == [1, 2, 3, 4]
+    assert promote_if_better(1, 0.5, tracking_uri=uri) is True
+    assert promote_if_better(2, 0.4, tracking_uri=uri) is False
+    assert promote_if_better(3, 0.5, tracking_uri=uri) is False  # a tie does not move it
+    assert champion(tracking_uri=uri) == (1, 0.5)
+    assert promote_if_better(4, 0.50001, tracking_uri=uri) is True
+    assert champion(tracking_uri=uri) == (4, 0.50001)
+
+
+def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
+    argv = ["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3"]
+    assert main(argv) == 0
+    assert main([*argv, "--max-labeled", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| empathy |" in out and "trace-dspy@v2" in out
+    root = tmp_path / "artifacts"
+    assert versions("trace-dspy", root) == [1, 2]
+    v2 = json.loads((root / "trace-dspy/v0002/manifest.json").read_text())
+    assert v2["version"] == 2 and v2["mlflow"]["registry_version"] == 2 and v2["mlflow"]["run_id"]
+    assert v2["scores"]["dev_before"]["n"] == 3 and "empathy" in v2["scores"]["dev_after"]
+    assert v2["data"]["fingerprint"].startswith("sha256:") and v2["git_commit"] != ""
+
+    def demos(ref):
+        return len(load_reference(ref).program.recognize_emotion.demos)
+
+    run_id = v2["mlflow"]["run_id"]
+    assert demos(str(root / "trace-dspy/v0002")) == 2
+    assert demos(str(root / "trace-dspy/v0001/program.json")) == 1
+    assert demos("trace-dspy@v1") == 1 and demos("trace-dspy@latest") == 2
+    assert demos("models:/trace-dspy/1") == 1 and demos(f"runs:/{run_id}") == 2
+    assert demos("champion") == demos("models:/trace-dspy@champion")
+    for bad in ("trace-dspy@v9", "nope@latest", "models:/trace-dspy/99", "runs:/0123456789abcdef", "trace-dspy@v"):
+        with pytest.raises(ArtifactError):
+            load_reference(bad)
+    # The loaded program answers.
+    lm, _ = fake_lm(reply_for)
+    loaded = trace_dspy.load("trace-dspy@latest")  # LMs rebuilt from the manifest (faked here)
+    assert set(loaded.stage_lms) == set(STAGES)
+    assert loaded(dialogue="I lost my ring.").response
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list")
+    assert len(runs) == 2
+    metrics = runs[0].data.metrics
+    assert {"dev_before/empathy", "dev_after/empathy", "dev_delta/empathy"} <= set(metrics)
+    params = json.dumps(runs[0].data.params)
+    assert "optimizer.name" in params and "api_key" not in params.replace("api_key_env", "")

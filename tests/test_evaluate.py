@@ -1,0 +1,106 @@
+"""python -m trace_dspy.evaluate and the evaluation library, with fake LMs."""
+
+from __future__ import annotations
+
+import json
+
+import dspy
+import pytest
+
+import trace_dspy.lms as lms_module
+from trace_dspy import TraceProgram
+from trace_dspy.evaluate import main
+from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, summarize
+from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.testing import fake_lm
+
+
+def examples(n):
+    return [dspy.Example(dialogue=f"Speaker: I lost my keys at beach number {i}.", emotion="sad",
+                         response="Oh no, did you find them?", sample_id=f"s{i}",
+                         conversation_id=f"c{i}").with_inputs("dialogue") for i in range(n)]
+
+
+def reply_for(outputs, inputs):
+    if "response" in outputs:
+        return {"response": "Losing keys at the beach is awful; " + inputs["dialogue"][-3:-1] + "?"}
+    return {}
+
+
+def metric():
+    return EmpathyMetric(embedder=None)
+
+
+def test_rows_summary_and_resume(tmp_path):
+    lm, engine = fake_lm(reply_for)
+    rows = tmp_path / "rows.jsonl"
+    first = evaluate_program(TraceProgram(), examples(6), metric(), lm=lm, threads=3, results_path=rows)
+    assert first.summary["n"] == 6 and first.summary["failed"] == 0
+    assert first.summary["emotion_acc"] == 1.0 and 0 < first.summary["empathy"] <= 1
+    assert [r["id"] for r in first.rows] == [f"s{i}" for i in range(6)]
+    assert len(engine.calls) == 24
+    # Kill -9 mid-write: a torn last line. A rerun keeps the finished rows and redoes the rest.
+    text = rows.read_text().splitlines(keepends=True)
+    rows.write_text("".join(text[:4]) + text[4][:20])
+    again = evaluate_program(TraceProgram(), examples(6), metric(), lm=lm, threads=1, results_path=rows)
+    assert len(engine.calls) == 24 + 2 * 4
+    assert again.summary == first.summary
+
+
+def test_failures_are_counted_and_a_high_rate_stops_the_run(tmp_path):
+    def flaky(outputs, inputs):
+        if "emotion" in outputs and "3" in inputs["dialogue"]:
+            return {"emotion": "not-a-label"}
+        return reply_for(outputs, inputs)
+
+    lm, _ = fake_lm(flaky)
+    result = evaluate_program(TraceProgram(), examples(12), metric(), lm=lm, results_path=tmp_path / "r.jsonl")
+    assert result.summary["failed"] == 1 and result.rows[3]["score"] == 0.0 and "error" in result.rows[3]
+    assert result.summary["emotion_acc"] == pytest.approx(11 / 12)
+
+    broken, _ = fake_lm(emotion="not-a-label")
+    with pytest.raises(FailureRateExceeded, match="stopping instead of reporting a misleading score"):
+        evaluate_program(TraceProgram(), examples(12), metric(), lm=broken, results_path=tmp_path / "b.jsonl")
+    assert (tmp_path / "b.jsonl").read_text().count("\n") >= 10  # finished rows are kept
+
+
+def test_threads_do_not_change_results():
+    results = []
+    for threads in (1, 8):
+        lm, _ = fake_lm(reply_for)
+        results.append(evaluate_program(TraceProgram(), examples(16), metric(), lm=lm, threads=threads).rows)
+    assert results[0] == results[1]
+
+
+def test_summary_counts_failed_rows_as_zero():
+    rows = [{"id": "a", "score": 1.0, "gold_emotion": "sad", "gold_response": "x",
+             "prediction": {"emotion": "sad", "response": "x"}, "components": {"emotion": 1.0},
+             "rules": {"brief": True}},
+            {"id": "b", "score": 0.0, "gold_emotion": "sad", "gold_response": "x", "error": "boom"}]
+    summary = summarize(rows)
+    assert summary["empathy"] == 0.5 and summary["failed"] == 1 and summary["emotion_acc"] == 0.5
+
+
+def test_cli_writes_table_rows_summary_and_mlflow_run(tmp_path, monkeypatch, capsys, ed_dir):
+    lm, _ = fake_lm(reply_for)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--data", str(ed_dir), "--limit", "5", "--threads", "2", "--output-dir", "out"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| empathy |" in out and "| emotion_acc |" in out
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert summary["summary"]["n"] == 5 and summary["command"].startswith("python -m trace_dspy.evaluate")
+    assert len((tmp_path / "out/examples.jsonl").read_text().splitlines()) == 5
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list")
+    assert run.data.metrics["test/empathy"] == pytest.approx(summary["summary"]["empathy"])
+    assert run.data.params["split"] == "test" and run.data.tags["trace_dspy.kind"] == "evaluate"
+
+
+def test_cli_reports_user_errors(capsys, tmp_path):
+    assert main(["--program", str(tmp_path / "missing"), "--no-mlflow"]) == 2
+    assert "cannot resolve program" in capsys.readouterr().err
+    assert main(["--limit", "0"]) == 2

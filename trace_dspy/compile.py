@@ -1,0 +1,297 @@
+"""Compile the TRACE program against the empathy metric; version, track, register.
+
+    python -m trace_dspy.compile                      # offline, embedded model, defaults
+    python -m trace_dspy.compile --optimizer gepa --prompt-lm openai/gpt-4o --train 64 --dev 32
+
+A compile evaluates the uncompiled program on dev, compiles, evaluates the
+compiled program on the same dev set, saves ``artifacts/<name>/vNNNN/``, logs
+an MLflow run (params, before/after metrics, artifacts), registers a model
+version, and moves the ``champion`` alias when the dev score beats the
+current champion's. It ends with the before/after table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from trace_dspy.cli import Settings, add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.config import ConfigError
+from trace_dspy.data import DataError, load_splits
+from trace_dspy.evaluate import TABLE_KEYS, add_data_args, add_tracking_args, build_metric
+from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, format_table
+from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig, compile_program
+from trace_dspy.tracking import DEFAULT_EXPERIMENT
+
+
+@dataclass
+class CompileConfig:
+    """Everything a compile does, resolved from flags over the TOML file."""
+
+    settings: Settings
+    optimizer: OptimizerConfig
+    data: str | None = None
+    train: int = 16
+    dev: int = 16
+    seed: int = 0
+    name: str = "trace-dspy"
+    artifacts_dir: str | None = None
+    threads: int = 4
+    tracking_uri: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT
+    mlflow: bool = True
+    registered_model: str = "trace-dspy"
+    max_failure_rate: float = 0.5
+    command: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """The config as recorded in manifests and MLflow: no secrets."""
+        return {
+            "program": self.settings.program.to_dict(),
+            "lm": self.settings.lm.to_dict(),
+            "metric": self.settings.raw.get("metric") or {},
+            "optimizer": self.optimizer.settings(),
+            "data": {"source": self.data, "train": self.train, "dev": self.dev, "seed": self.seed},
+            "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment,
+                    "registered_model": self.registered_model, "max_failure_rate": self.max_failure_rate},
+        }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.compile", description=__doc__.split("\n\n")[0])
+    opt = parser.add_argument_group("optimizer")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: bootstrap (see docs/benchmarks.md)")
+    opt.add_argument("--max-demos", type=int, dest="max_bootstrapped_demos", help="bootstrapped demos per stage")
+    opt.add_argument("--max-labeled", type=int, dest="max_labeled_demos", help="labeled demos per stage")
+    opt.add_argument("--max-rounds", type=int, help="bootstrap rounds")
+    opt.add_argument("--mipro-candidates", type=int, help="MIPROv2 instruction/demo candidates")
+    opt.add_argument("--mipro-trials", type=int, help="MIPROv2 trials")
+    opt.add_argument("--gepa-max-metric-calls", type=int, help="GEPA budget in metric calls")
+    opt.add_argument("--gepa-minibatch", type=int, help="GEPA reflection minibatch size")
+    opt.add_argument("--simba-steps", type=int, help="SIMBA steps")
+    opt.add_argument("--simba-candidates", type=int, help="SIMBA candidates per step")
+    opt.add_argument("--simba-bsize", type=int, help="SIMBA minibatch size")
+    parser.add_argument("--train", type=int, help="training examples (default 16)")
+    parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
+    parser.add_argument("--name", help="artifact name (default trace-dspy)")
+    parser.add_argument("--artifacts-dir", help="artifact root (default $TRACE_DSPY_ARTIFACTS or ./artifacts)")
+    parser.add_argument("--threads", type=int, help="parallel evaluation calls (default 4)")
+    parser.add_argument("--registered-model", help="MLflow registered model (default trace-dspy)")
+    parser.add_argument("--max-failure-rate", type=float, help="stop when more dev examples fail (default 0.5)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_data_args(parser)
+    add_model_args(parser)
+    add_tracking_args(parser)
+    return parser
+
+
+def config_from_args(argv: list[str]) -> CompileConfig:
+    """Flags win over the TOML file ([optimizer] and [data] tables), which win over defaults."""
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    opt_table = dict(settings.raw.get("optimizer") or {})
+    data_table = dict(settings.raw.get("data") or {})
+    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "mipro_candidates", "mipro_trials",
+                "gepa_max_metric_calls", "gepa_minibatch", "simba_steps", "simba_candidates", "simba_bsize"):
+        if getattr(args, key) is not None:
+            opt_table[key] = getattr(args, key)
+    if args.optimizer:
+        opt_table["name"] = args.optimizer
+    opt_table.setdefault("seed", args.seed)
+    cfg = CompileConfig(
+        settings=settings,
+        optimizer=OptimizerConfig.from_dict(opt_table),
+        data=args.data or data_table.get("source"),
+        train=args.train if args.train is not None else data_table.get("train", 16),
+        dev=args.dev if args.dev is not None else data_table.get("dev", 16),
+        seed=args.seed,
+        name=args.name or "trace-dspy",
+        artifacts_dir=args.artifacts_dir,
+        threads=args.threads or 4,
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        mlflow=not args.no_mlflow,
+        registered_model=args.registered_model or "trace-dspy",
+        max_failure_rate=args.max_failure_rate if args.max_failure_rate is not None else 0.5,
+        command="python -m trace_dspy.compile " + shlex.join(argv),
+        extra={"verbose": args.verbose},
+    )
+    if cfg.train < 1 or cfg.dev < 1:
+        raise ConfigError("--train and --dev must be at least 1")
+    return cfg
+
+
+@dataclass
+class CompileResult:
+    before: dict[str, Any]
+    after: dict[str, Any]
+    artifact: Path
+    manifest: dict[str, Any]
+    run_id: str | None
+    registry_version: int | None
+    promoted: bool
+    seconds: float
+
+    def table(self) -> str:
+        keys = [k for k in TABLE_KEYS if k in self.before or k in self.after]
+        return format_table({"before": self.before, "after": self.after}, keys)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_compile(cfg: CompileConfig) -> CompileResult:
+    from trace_dspy.artifacts import save_artifact
+    from trace_dspy.lms import LMSet
+    from trace_dspy.program import TraceProgram
+
+    started = time.perf_counter()
+    splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
+    source = splits.source
+    _log(f"data: {source.kind} {source.location}: {len(splits.train)} train, {len(splits.dev)} dev examples")
+    lms = LMSet(cfg.settings.lm)
+    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms())
+    metric = build_metric(cfg.settings, lms)
+    prompt_lm = lms.role("prompt")
+
+    with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp:
+        tmp = Path(tmp)
+        run_ctx = _mlflow_context(cfg)
+        with run_ctx as run:
+            _log("1/4 evaluating the uncompiled program on dev")
+            before = evaluate_program(program, splits.dev, metric, lm=lms.default, threads=cfg.threads,
+                                      results_path=tmp / "dev_before.jsonl", max_failure_rate=cfg.max_failure_rate,
+                                      desc="dev before")
+            _log(f"2/4 compiling with {cfg.optimizer.name}")
+            with dspy.context(lm=lms.default):
+                compiled = compile_program(cfg.optimizer, program, metric, splits.train, splits.dev,
+                                           prompt_lm=prompt_lm)
+            _log("3/4 evaluating the compiled program on dev")
+            after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
+                                     results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
+                                     desc="dev after")
+            _log("4/4 saving, logging and registering")
+            run_id = run.info.run_id if run is not None else None
+            registry_version = None
+            if run is not None:
+                from trace_dspy.registry import register_version
+
+                registry_version = register_version(run_id, run.info.artifact_uri, after.score,
+                                                    model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
+                                                    tags={"artifact_name": cfg.name})
+            manifest = {
+                "config": cfg.record(),
+                "optimizer": cfg.optimizer.settings(),
+                "metric": {"name": metric.name, "config": metric.config.to_dict(),
+                           "similarity_kind": metric.similarity_kind},
+                "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
+                "data": {**source.describe(), "train_ids": [e.sample_id for e in splits.train],
+                         "dev_ids": [e.sample_id for e in splits.dev]},
+                "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
+                           "registered_model": cfg.registered_model if run is not None else None,
+                           "registry_version": registry_version},
+                "command": cfg.command,
+            }
+            folder = save_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
+                                   extra_files={"dev_before.jsonl": tmp / "dev_before.jsonl",
+                                                "dev_after.jsonl": tmp / "dev_after.jsonl"})
+            from trace_dspy.artifacts import read_manifest
+
+            final_manifest = read_manifest(folder)
+            promoted = False
+            if run is not None:
+                _log_run(cfg, folder, before.summary, after.summary)
+                from trace_dspy.registry import promote_if_better
+
+                promoted = promote_if_better(registry_version, after.score, model=cfg.registered_model,
+                                             tracking_uri=cfg.tracking_uri)
+                import mlflow
+
+                mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
+                                 "trace_dspy.registry_version": str(registry_version),
+                                 "trace_dspy.champion": str(promoted)})
+    return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
+                         time.perf_counter() - started)
+
+
+def _scalars(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k != "distributions"}
+
+
+class _NoRun:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _mlflow_context(cfg: CompileConfig):
+    if not cfg.mlflow:
+        return _NoRun()
+    import mlflow
+
+    from trace_dspy.tracking import mlflow_run
+
+    ctx = mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment,
+                     run_name=f"compile {cfg.name} {cfg.optimizer.name}",
+                     tags={"trace_dspy.kind": "compile", "trace_dspy.optimizer": cfg.optimizer.name})
+    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
+                        silent=True)
+    return ctx
+
+
+def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict) -> None:
+    import mlflow
+
+    from trace_dspy.tracking import log_params, numeric_metrics
+
+    log_params(cfg.record())
+    metrics = {**numeric_metrics(before, "dev_before"), **numeric_metrics(after, "dev_after")}
+    for key in ("empathy", "emotion_acc", "group_acc", "similarity", "rules"):
+        if key in before and key in after:
+            metrics[f"dev_delta/{key}"] = after[key] - before[key]
+    mlflow.log_metrics(metrics)
+    mlflow.log_artifacts(str(folder), artifact_path="artifact")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = config_from_args(argv)
+    except ConfigError as exc:
+        return fail(str(exc))
+    setup_logging(cfg.extra.get("verbose", False))
+    try:
+        result = run_compile(cfg)
+    except (ConfigError, DataError, ValueError, ImportError) as exc:
+        return fail(str(exc))
+    except FailureRateExceeded as exc:
+        return fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        _log("\ninterrupted: no artifact version was written (versions appear only when complete)")
+        return 130
+    print(result.table())
+    print(f"\nartifact: {result.artifact}")
+    if result.run_id:
+        print(f"mlflow run: {result.run_id}; registered {cfg.registered_model} version {result.registry_version}"
+              + ("; now champion" if result.promoted else "; champion unchanged"))
+    print(f"load it: trace_dspy.load('{cfg.name}@v{result.manifest['version']}')  ({result.seconds:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["CompileConfig", "CompileResult", "config_from_args", "main", "run_compile"]
