@@ -115,3 +115,20 @@ def test_cli_answers_offline_with_the_embedded_model(local_model, tmp_path):
     assert run.returncode == 0, run.stderr
     lines = dict(line.split(None, 1) for line in run.stdout.strip().splitlines() if " " in line)
     assert lines["response"].strip() and lines["strategy"].strip() in {"ER", "IP", "EX"}
+
+
+def test_program_flag_loads_a_compiled_artifact(fake_models, tmp_path, capsys):
+    import dspy
+
+    from trace_dspy import ProgramConfig
+    from trace_dspy.artifacts import save_artifact
+
+    program = TraceProgram()
+    program.generate_response.signature = program.generate_response.signature.with_instructions("Be brief.")
+    program.recognize_emotion.demos = [dspy.Example(dialogue="Speaker: yay", emotion="joyful")]
+    folder = save_artifact(program, {"config": {"program": ProgramConfig().to_dict(), "lm": {}}}, root=tmp_path)
+    assert main(["--program", str(folder), "I lost my keys."]) == 0
+    assert capsys.readouterr().out.strip() == "heard: Speaker: I lost my keys."
+    assert fake_models.calls[-1].instructions == "Be brief."
+    assert main(["--program", str(tmp_path / "nothing"), "hi"]) == 2
+    assert "cannot resolve program" in capsys.readouterr().err

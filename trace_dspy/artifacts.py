@@ -47,6 +47,19 @@ def artifacts_root(root: str | os.PathLike | None = None) -> Path:
     return Path(root or os.environ.get(ENV_ROOT) or "artifacts")
 
 
+# The checkout's own artifacts/ folder (editable installs): the committed,
+# compiled program is found from any working directory.
+CHECKOUT_ROOT = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
+    """Where NAME@vN references are looked up: the given/configured root, then the checkout's."""
+    roots = [artifacts_root(root)]
+    if root is None and CHECKOUT_ROOT.is_dir() and CHECKOUT_ROOT.resolve() != roots[0].resolve():
+        roots.append(CHECKOUT_ROOT)
+    return roots
+
+
 def check_name(name: str) -> str:
     if not _NAME.match(name or ""):
         raise ArtifactError(f"artifact name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
@@ -258,9 +271,10 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
         return path
     if "@" in ref and "/" not in ref:
         name, _, which = ref.partition("@")
-        have = versions(name, root)
-        if not have:
-            raise ArtifactError(f"no versions of {name!r} under {artifacts_root(root)}")
+        base = next((r for r in search_roots(root) if versions(name, r)), None)
+        if base is None:
+            raise ArtifactError(f"no versions of {name!r} under {', '.join(map(str, search_roots(root)))}")
+        have = versions(name, base)
         if which == "latest":
             number = have[-1]
         elif re.fullmatch(r"v?\d+", which):
@@ -269,7 +283,7 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
                 raise ArtifactError(f"{name} has no version {number}; it has {', '.join(f'v{v}' for v in have)}")
         else:
             raise ArtifactError(f"{ref!r}: use {name}@vN or {name}@latest")
-        return artifacts_root(root) / name / f"v{number:04d}"
+        return base / name / f"v{number:04d}"
     raise ArtifactError(
         f"cannot resolve program {ref!r}: give 'default', an artifact folder, a program.json, "
         "NAME@vN, NAME@latest, 'champion', models:/NAME/VERSION or runs:/RUN_ID"

@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, help="JSONL file to write replies to (with --input)")
     parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1)")
     parser.add_argument("--json", action="store_true", help="print the whole prediction as JSON")
+    parser.add_argument("--program", default="default",
+                        help="'default' (uncompiled) or a compiled program: trace-dspy@latest, an artifact "
+                             "folder, champion, models:/..., runs:/...")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_model_args(parser)
     return parser
@@ -190,13 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"no such input file: {args.input}")
     try:
         settings = settings_from_args(args)
-        from trace_dspy.lms import LMSet
-        from trace_dspy.program import TraceProgram
+        from trace_dspy.artifacts import load_for_run
 
-        lms = LMSet(settings.lm)
-        program = TraceProgram(settings.program, stage_lms=lms.stage_lms())
-        default_lm = lms.default
-    except (ConfigError, RuntimeError, ImportError) as exc:
+        loaded = load_for_run(args.program, settings)
+        program, default_lm = loaded.program, loaded.lms.default
+    except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
 
     if args.input:
