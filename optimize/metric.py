@@ -25,7 +25,7 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.config import ConfigError
+from trace_dspy.config import ConfigError, from_table
 from trace_dspy.dialogue import speaker_text
 from trace_dspy.labels import EMOTION_TO_GROUP
 from trace_dspy.optimize.scorers import (
@@ -70,11 +70,7 @@ class MetricConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> MetricConfig:
-        data = dict(data or {})
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"[metric] unknown keys: {', '.join(sorted(unknown))}")
-        return cls(**data)
+        return from_table(cls, data, "metric")
 
 
 @dataclass

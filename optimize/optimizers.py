@@ -13,7 +13,7 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.config import ConfigError
+from trace_dspy.config import ConfigError, from_table
 
 OPTIMIZERS = ("labeled", "bootstrap", "mipro", "gepa", "simba")
 DEFAULT_OPTIMIZER = "bootstrap"
@@ -62,11 +62,7 @@ class OptimizerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> OptimizerConfig:
-        data = dict(data or {})
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ConfigError(f"[optimizer] unknown keys: {', '.join(sorted(unknown))}")
-        return cls(**data)
+        return from_table(cls, data, "optimizer")
 
 
 Compiler = Callable[..., dspy.Module]

@@ -180,36 +180,32 @@ class LoadedProgram:
                 "name": self.manifest.get("name"), "version": self.manifest.get("version")}
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / "manifest.json"
+def _read_json_object(folder: Path, name: str, missing: str) -> dict[str, Any]:
+    path = folder / name
     if not path.is_file():
-        raise ArtifactError(f"{folder}: manifest.json is missing; not an artifact folder")
+        raise ArtifactError(f"{folder}: {missing}")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path}: damaged or truncated JSON ({exc})") from None
-    if not isinstance(manifest, dict):
+    if not isinstance(data, dict):
         raise ArtifactError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    manifest = _read_json_object(folder, "manifest.json", "manifest.json is missing; not an artifact folder")
     missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in manifest]
     if missing:
-        raise ArtifactError(f"{path}: missing {', '.join(missing)}")
+        raise ArtifactError(f"{folder / 'manifest.json'}: missing {', '.join(missing)}")
     if manifest["schema_version"] != SCHEMA_VERSION:
-        raise ArtifactError(f"{path}: schema version {manifest['schema_version']} is not supported "
-                            f"(this trace-dspy reads {SCHEMA_VERSION})")
+        raise ArtifactError(f"{folder / 'manifest.json'}: schema version {manifest['schema_version']} is not "
+                            f"supported (this trace-dspy reads {SCHEMA_VERSION})")
     return manifest
 
 
 def read_program_state(folder: Path) -> dict[str, Any]:
-    path = folder / "program.json"
-    if not path.is_file():
-        raise ArtifactError(f"{folder}: program.json is missing")
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{path}: damaged or truncated JSON ({exc})") from None
-    if not isinstance(state, dict):
-        raise ArtifactError(f"{path}: expected a JSON object")
-    return state
+    return _read_json_object(folder, "program.json", "program.json is missing")
 
 
 def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where: str = "program.json"):

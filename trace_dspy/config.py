@@ -82,6 +82,15 @@ def _stage_tuple(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, 
     return tuple(s for s in allowed if s in items)
 
 
+def from_table(cls, data: dict[str, Any] | None, table: str):
+    """Build a config dataclass from a TOML table, refusing unknown keys by name."""
+    data = dict(data or {})
+    unknown = set(data) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ConfigError(f"[{table}] unknown keys: {', '.join(sorted(unknown))}")
+    return cls(**data)
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file, with errors that name the file."""
     path = Path(path)
