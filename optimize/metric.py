@@ -20,7 +20,7 @@ judge LM set ``judge = 0.3``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import dspy

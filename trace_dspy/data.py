@@ -283,7 +283,7 @@ def _ed_conversations(samples: list[tuple[str, tuple[str, ...], str]], stem: str
     for i, (_, texts, _) in enumerate(samples):
         by_first[texts[0]].append(i)
     conv_of: dict[int, str] = {}
-    for first, members in by_first.items():
+    for members in by_first.values():
         heads: list[int] = []
         for i in sorted(members, key=lambda i: -len(samples[i][1])):
             texts = samples[i][1]

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         row["mean_gold"] = sum(g[name] for g in conditions["gold"] if g.get(name) is not None) / max(1, row["n"])
         table.append(row)
 
-    print(f"| component | kind | n | AUC vs mismatched | AUC vs bland | mean (gold) |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    print("| component | kind | n | AUC vs mismatched | AUC vs bland | mean (gold) |\n| --- | --- | ---: | ---: | ---: | ---: |")
     for row in table:
         cells = [f"{row[k]:.3f}" if isinstance(row.get(k), float) else "-" for k in
                  ("auc_vs_mismatched", "auc_vs_bland", "mean_gold")]
