@@ -20,6 +20,13 @@ def _memory_only_cache():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_index_cache(tmp_path_factory):
+    """Retrieval indexes built by tests go to a temporary cache, not the user's."""
+    os.environ["TRACE_DSPY_CACHE"] = str(tmp_path_factory.mktemp("trace-cache"))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _reset_dspy():
     yield

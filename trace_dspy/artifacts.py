@@ -126,6 +126,7 @@ def save_artifact(
     name: str = DEFAULT_NAME,
     root: str | os.PathLike | None = None,
     extra_files: dict[str, Path] | None = None,
+    extra_dirs: dict[str, Path] | None = None,
 ) -> Path:
     """Write a new immutable version; returns its folder."""
     folder = artifacts_root(root) / check_name(name)
@@ -138,6 +139,8 @@ def save_artifact(
         state = json.loads((tmp / "program.json").read_text())
         for name_, src in (extra_files or {}).items():
             shutil.copyfile(src, tmp / name_)
+        for name_, src in (extra_dirs or {}).items():
+            shutil.copytree(src, tmp / name_)
         for _attempt in range(1000):
             number = (versions(name, root) or [0])[-1] + 1
             record = {
@@ -252,6 +255,15 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
     except (ConfigError, AttributeError, TypeError) as exc:
         raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
     program = build_program(config, state, where=str(folder / "program.json"))
+    if config.retrieval.enabled and (folder / "index").is_dir():
+        from trace_dspy.retrieval import ExemplarIndex
+
+        try:
+            program.retriever = ExemplarIndex.load(folder / "index")
+        except ConfigError as exc:
+            raise ArtifactError(str(exc)) from None
+    elif config.retrieval.enabled and manifest.get("retrieval", {}).get("index"):
+        raise ArtifactError(f"{folder}: the retrieval index (index/) is missing")
     lms = LMSet(lm_config or recorded_lm)
     if attach_lms:
         program.set_stage_lms(lms.stage_lms())
@@ -311,15 +323,30 @@ def load_reference(ref: str, *, lm_config: LMConfig | None = None, root: str | o
     return load_folder(folder, lm_config=lm_config, ref=ref, attach_lms=attach_lms)
 
 
-def load_for_run(ref: str, settings, *, tracking_uri: str | None = None) -> LoadedProgram:
+def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announce_seed: bool = True):
+    """The exemplar index over the training pool of ``data`` (cached by fingerprint)."""
+    if not config.retrieval.enabled:
+        return None
+    from trace_dspy.data import DataSource, load_splits, resolve_source
+    from trace_dspy.retrieval import cached_index
+
+    source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=announce_seed)
+    splits = load_splits(source, seed=seed)
+    return cached_index(splits.train, config.retrieval, source.fingerprint)
+
+
+def load_for_run(ref: str, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
+                 announce_seed: bool = True) -> LoadedProgram:
     """What a command runs: the uncompiled program for 'default', else a loaded artifact.
 
+    The default program retrieves exemplars from the training pool of ``data``.
     Models chosen on the command line (or in an [lm] table) win over the ones
     recorded in the artifact.
     """
     if ref == "default":
         lms = LMSet(settings.lm)
         program = build_program(settings.program, None)
+        program.retriever = default_retriever(settings.program, data, seed=seed, announce_seed=announce_seed)
         program.set_stage_lms(lms.stage_lms())
         return LoadedProgram(program, lms, {}, None, "default")
     return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri)

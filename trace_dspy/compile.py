@@ -160,7 +160,11 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
     source = splits.source
     _log(f"data: {source.kind} {source.location}: {len(splits.train)} train, {len(splits.dev)} dev examples")
     lms = LMSet(cfg.settings.lm)
-    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms())
+    from trace_dspy.retrieval import cached_index
+
+    retrieval = cfg.settings.program.retrieval
+    retriever = cached_index(splits.train, retrieval, source.fingerprint) if retrieval.enabled else None
+    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever)
     metric = build_metric(cfg.settings, lms)
     prompt_lm = lms.role("prompt")
 
@@ -201,10 +205,17 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                            "registered_model": cfg.registered_model if run is not None else None,
                            "registry_version": registry_version},
                 "command": cfg.command,
+                "retrieval": {**retrieval.to_dict(),
+                              "index": retriever.fingerprint if retriever is not None else None,
+                              "pool_items": len(retriever.items) if retriever is not None else 0},
             }
+            index_dir = None
+            if retriever is not None:
+                index_dir = retriever.save(tmp / "index")
             folder = save_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
                                    extra_files={"dev_before.jsonl": tmp / "dev_before.jsonl",
-                                                "dev_after.jsonl": tmp / "dev_after.jsonl"})
+                                                "dev_after.jsonl": tmp / "dev_after.jsonl"},
+                                   extra_dirs={"index": index_dir} if index_dir else None)
             from trace_dspy.artifacts import read_manifest
 
             final_manifest = read_manifest(folder)

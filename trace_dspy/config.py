@@ -33,6 +33,8 @@ class ProgramConfig:
         the planner: ``reasoning = ["recognize_emotion", "plan_strategy"]``.
     disabled: optional stages switched off for ablations; downstream stages then
         lose the inputs that stage would have produced.
+    retrieval: exemplar retrieval (see trace_dspy.retrieval.RetrievalConfig): on by
+        default with k=2, used whenever the program has an index.
     adapter: how prompts are laid out: ``chat`` (DSPy's ChatAdapter), ``compact``
         (fewer layout tokens, for grammar-constrained small models), ``json``, or
         ``auto``: compact for a constrained LM, chat otherwise.
@@ -41,11 +43,16 @@ class ProgramConfig:
     reasoning: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
+    retrieval: Any = None  # RetrievalConfig; a dict is accepted
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasoning", _stage_tuple("reasoning", self.reasoning, STAGES))
         object.__setattr__(self, "disabled", _stage_tuple("disabled", self.disabled, OPTIONAL_STAGES))
+        from trace_dspy.retrieval import RetrievalConfig
+
+        if not isinstance(self.retrieval, RetrievalConfig):
+            object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))
         if self.adapter not in ADAPTER_CHOICES:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
         if self.extra:
@@ -58,7 +65,8 @@ class ProgramConfig:
         return stage in self.reasoning
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter}
+        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
+                "retrieval": self.retrieval.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ProgramConfig:

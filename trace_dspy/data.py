@@ -130,11 +130,15 @@ class DataSource:
 # ---------------------------------------------------------------- resolving
 
 
-def resolve_source(data: str | os.PathLike | None = None, *, seed: int = 0) -> DataSource:
-    """Load the data source named by ``data``, ``$TRACE_DSPY_DATA`` or the seed set."""
+def resolve_source(data: str | os.PathLike | None = None, *, seed: int = 0, announce_seed: bool = True) -> DataSource:
+    """Load the data source named by ``data``, ``$TRACE_DSPY_DATA`` or the seed set.
+
+    Falling back to the seed set is announced loudly unless ``announce_seed`` is
+    False (e.g. when it only supplies retrieval exemplars for a single reply).
+    """
     spec = os.fspath(data) if data is not None else os.environ.get(ENV_VAR) or None
     if spec is None:
-        log.warning(SEED_BANNER)
+        (log.warning if announce_seed else log.info)(SEED_BANNER)
         return _load_single_jsonl_source(_seed_path(), kind="seed", seed=seed)
     if spec.startswith(HUB_PREFIX):
         return _load_hub(spec[len(HUB_PREFIX):], seed=seed)

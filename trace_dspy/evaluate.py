@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         examples = load_examples(args, source)
         from trace_dspy.artifacts import load_for_run
 
-        loaded = load_for_run(args.program, settings)
+        loaded = load_for_run(args.program, settings, data=source, seed=args.seed)
         metric = build_metric(settings, loaded.lms)
     except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))

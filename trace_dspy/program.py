@@ -57,9 +57,12 @@ class TraceProgram(dspy.Module):
     because optimizers reset predictor LMs when they compile.
     """
 
-    def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None):
+    def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None,
+                 retriever=None):
         super().__init__()
         self.config = config or ProgramConfig()
+        # An ExemplarIndex (trace_dspy.retrieval); used when exemplars are not passed in.
+        self.retriever = retriever
         for stage in STAGE_SIGNATURES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
@@ -86,18 +89,34 @@ class TraceProgram(dspy.Module):
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
-        for lm in self._stage_lms.values():
-            memo[id(lm)] = lm
+        for shared in (*self._stage_lms.values(), self.retriever):
+            if shared is not None:
+                memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
             setattr(new, key, copy.deepcopy(value, memo))
         return new
 
+    def retrieve(self, dialogue: str, emotion: str | None) -> list[str]:
+        """Exemplars for a dialogue from the retriever (empty without one)."""
+        if self.retriever is None:
+            return []
+        from trace_dspy.retrieval import format_exemplar
+
+        cfg = self.config.retrieval
+        hits = self.retriever.search(dialogue, emotion=emotion, k=cfg.k, filter_by_group=cfg.filter_by_group)
+        return [format_exemplar(h) for h in hits]
+
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
         state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or [])}
+        retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
         outputs: dict = {}
         for stage in STAGE_SIGNATURES:
+            if stage == "plan_strategy" and retrieve:
+                # After the emotion is known: TRACE filters exemplars by its group.
+                state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"))
+                retrieve = False
             predictor = getattr(self, stage)
             if predictor is None:
                 continue

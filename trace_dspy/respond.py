@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--program", default="default",
                         help="'default' (uncompiled) or a compiled program: trace-dspy@latest, an artifact "
                              "folder, champion, models:/..., runs:/...")
+    parser.add_argument("--data", help="pool for retrieved exemplars (default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_model_args(parser)
     return parser
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
         from trace_dspy.artifacts import load_for_run
 
-        loaded = load_for_run(args.program, settings)
+        loaded = load_for_run(args.program, settings, data=args.data, announce_seed=False)
         program, default_lm = loaded.program, loaded.lms.default
     except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))

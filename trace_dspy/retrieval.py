@@ -1,0 +1,184 @@
+"""Retrieved exemplars for the planner and the writer (TRACE's retrieval step).
+
+A BM25 index (the ``bm25s`` package: sparse-matrix BM25, no model, offline,
+deterministic) over the training pool. A query is the dialogue; results are
+filtered to the predicted emotion's Ekman group, with an unfiltered search as
+the fallback when the group has too few matches. The conversation being
+answered is never returned: pool items that share its first speaker turn
+(EmpatheticDialogues' conversation key) are masked out.
+
+BM25 rather than embeddings: it needs no optional extra, indexes the whole
+pool in well under a second, and retrieves by the concrete words (pets,
+exams, weddings) that make an exemplar useful to a small model.
+
+The index is built once and saved as JSON plus bm25s's numpy arrays (never a
+pickle): next to a compiled artifact, or in a cache folder keyed by the data
+fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trace_dspy.config import ConfigError, from_table
+from trace_dspy.dialogue import SPEAKER, parse_dialogue
+from trace_dspy.labels import EMOTION_TO_GROUP
+
+INDEX_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    enabled: bool = True
+    k: int = 2
+    filter_by_group: bool = True
+    # "dialogue": index the conversation text; "situation" uses the situation when the data has one.
+    text: str = "dialogue"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= 8:
+            raise ConfigError("retrieval k must be between 1 and 8")
+        if self.text not in ("dialogue", "situation"):
+            raise ConfigError("retrieval text must be 'dialogue' or 'situation'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RetrievalConfig:
+        return from_table(cls, data, "retrieval")
+
+
+def conversation_key(dialogue: str) -> str:
+    """The first speaker turn, normalised: samples of one conversation share it."""
+    turns = parse_dialogue(dialogue)
+    first = next((t.text for t in turns if t.role == SPEAKER), turns[0].text)
+    return hashlib.sha1(" ".join(first.lower().split()).encode()).hexdigest()[:16]
+
+
+def format_exemplar(item: dict[str, Any]) -> str:
+    return f"{item['dialogue']}\nListener (reply): {item['response']}"
+
+
+def _tokenize(texts: Sequence[str]):
+    import bm25s
+
+    return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
+
+
+class ExemplarIndex:
+    """BM25 over pool items, with group filtering and same-conversation exclusion."""
+
+    def __init__(self, items: list[dict[str, Any]], retriever, fingerprint: str):
+        self.items = items
+        self.retriever = retriever
+        self.fingerprint = fingerprint
+        self._groups = np.array([EMOTION_TO_GROUP.get(i["emotion"], "") for i in items])
+        self._keys = np.array([i["key"] for i in items])
+        self._lock = threading.Lock()
+
+    # -- building, saving, loading ---------------------------------------------
+
+    @classmethod
+    def build(cls, examples: Sequence[Any], config: RetrievalConfig) -> ExemplarIndex:
+        import bm25s
+
+        items = []
+        for ex in examples:
+            text = ex.get("situation") if config.text == "situation" and ex.get("situation") else ex.dialogue
+            items.append({"id": ex.get("sample_id"), "dialogue": ex.dialogue, "response": ex.response,
+                          "emotion": ex.emotion, "key": conversation_key(ex.dialogue), "text": text})
+        if not items:
+            raise ConfigError("cannot build a retrieval index from an empty pool")
+        retriever = bm25s.BM25()
+        retriever.index(_tokenize([i["text"] for i in items]), show_progress=False)
+        digest = hashlib.sha256(json.dumps([[i["id"], i["text"], i["response"]] for i in items]).encode())
+        return cls(items, retriever, "bm25:" + digest.hexdigest()[:16])
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.retriever.save(str(folder / "bm25"), show_progress=False)
+        with open(folder / "items.json", "w", encoding="utf-8") as fh:
+            json.dump({"version": INDEX_VERSION, "fingerprint": self.fingerprint, "items": self.items}, fh)
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> ExemplarIndex:
+        import bm25s
+
+        folder = Path(folder)
+        try:
+            data = json.loads((folder / "items.json").read_text(encoding="utf-8"))
+            if data.get("version") != INDEX_VERSION:
+                raise ValueError(f"index version {data.get('version')}")
+            retriever = bm25s.BM25.load(str(folder / "bm25"), show_progress=False, allow_pickle=False)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{folder}: retrieval index is missing or damaged ({exc})") from None
+        return cls(data["items"], retriever, data["fingerprint"])
+
+    # -- search -------------------------------------------------------------------
+
+    def search(self, dialogue: str, *, emotion: str | None, k: int, filter_by_group: bool = True) -> list[dict]:
+        """Top-k pool items for a dialogue, never from its own conversation."""
+        query = _tokenize([dialogue])
+        not_same = (self._keys != conversation_key(dialogue)).astype(np.float32)
+        group = EMOTION_TO_GROUP.get(emotion or "")
+        results: list[dict] = []
+        masks = []
+        if filter_by_group and group:
+            masks.append(not_same * (self._groups == group).astype(np.float32))
+        masks.append(not_same)
+        for mask in masks:
+            for idx in self._top(query, mask, k):
+                item = self.items[idx]
+                if item not in results:
+                    results.append(item)
+            if len(results) >= k:
+                break
+        return results[:k]
+
+    def _top(self, query, mask: np.ndarray, k: int) -> list[int]:
+        n = min(len(self.items), max(k, 1))
+        with self._lock:  # bm25s keeps per-call state
+            docs, scores = self.retriever.retrieve(query, k=n, weight_mask=mask, show_progress=False, n_threads=1)
+        return [int(d) for d, s in zip(docs[0], scores[0]) if s > 0 and mask[int(d)] > 0]
+
+
+def index_cache_dir() -> Path:
+    base = os.environ.get("TRACE_DSPY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trace-dspy")
+    return Path(base) / "index"
+
+
+def cached_index(examples: Sequence[Any], config: RetrievalConfig, data_fingerprint: str) -> ExemplarIndex:
+    """Build the index for a pool once per data fingerprint and config; reuse it after."""
+    key = hashlib.sha256(json.dumps([data_fingerprint, config.to_dict(), [e.get("sample_id") for e in examples]])
+                         .encode()).hexdigest()[:20]
+    folder = index_cache_dir() / key
+    if (folder / "items.json").is_file():
+        try:
+            return ExemplarIndex.load(folder)
+        except ConfigError:
+            pass  # damaged cache entry: rebuild it
+    index = ExemplarIndex.build(examples, config)
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    index.save(tmp)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process won the race; its copy is as good
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return index
+
+
+__all__ = ["ExemplarIndex", "RetrievalConfig", "cached_index", "conversation_key", "format_exemplar"]
