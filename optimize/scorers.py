@@ -269,3 +269,23 @@ def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:
 def safe_mean(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     return sum(vals) / len(vals) if vals else None
+
+
+def paired_bootstrap_ci(treatment: Sequence[float], control: Sequence[float], *, samples: int = 2000,
+                        confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of per-item differences (treatment - control) and its percentile bootstrap CI.
+
+    Items are resampled in pairs, so the interval reflects the variation that
+    both systems share on the same examples.
+    """
+    import numpy as np
+
+    if len(treatment) != len(control) or not treatment:
+        raise ValueError("need two equally long, non-empty score lists")
+    diffs = np.asarray(treatment, dtype=float) - np.asarray(control, dtype=float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(diffs), size=(samples, len(diffs)))
+    means = diffs[idx].mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(diffs.mean()), float(low), float(high)

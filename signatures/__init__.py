@@ -5,16 +5,22 @@ pyproject.toml). Each class docstring is the stage's instruction.
 """
 
 from trace_dspy.signatures.stages import (
+    OPTIONAL_SIGNATURES,
     STAGE_SIGNATURES,
     AnalyzeCause,
+    AuditReply,
+    InferCommonsense,
     GenerateResponse,
     PlanStrategy,
     RecognizeEmotion,
 )
 
 __all__ = [
+    "OPTIONAL_SIGNATURES",
     "STAGE_SIGNATURES",
     "AnalyzeCause",
+    "AuditReply",
+    "InferCommonsense",
     "GenerateResponse",
     "PlanStrategy",
     "RecognizeEmotion",

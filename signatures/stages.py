@@ -7,6 +7,8 @@ a parse error the caller sees, never a silent default.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import dspy
 
 from trace_dspy.labels import CauseCategory, EmotionLabel, Strategy
@@ -91,4 +93,54 @@ STAGE_SIGNATURES: dict[str, type[dspy.Signature]] = {
     "analyze_cause": AnalyzeCause,
     "plan_strategy": PlanStrategy,
     "generate_response": GenerateResponse,
+}
+
+
+# ---------------------------------------------------------------- optional stages
+
+
+class InferCommonsense(dspy.Signature):
+    """Reason about the speaker the way a commonsense knowledge base (ATOMIC) would. From
+    what the speaker said and the emotion they feel, infer briefly: what they intended
+    (xIntent), what they needed beforehand (xNeed), what they want next (xWant), how the
+    event affects them (xEffect), and how they react inside (xReact). One short phrase each."""
+
+    dialogue: str = dspy.InputField(desc=_DIALOGUE_DESC)
+    emotion: EmotionLabel = dspy.InputField(desc="The speaker's emotion.")
+    x_intent: str = dspy.OutputField(desc="Why the speaker did what they describe.")
+    x_need: str = dspy.OutputField(desc="What the speaker needed before it happened.")
+    x_want: str = dspy.OutputField(desc="What the speaker wants now.")
+    x_effect: str = dspy.OutputField(desc="What the event does to the speaker.")
+    x_react: str = dspy.OutputField(desc="How the speaker feels inside about it.")
+
+
+AuditTarget = Literal["none", "recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
+
+
+class AuditReply(dspy.Signature):
+    """Audit the whole analysis and the reply before it is sent. Check: is the emotion
+    consistent with what the speaker said; are the trigger sentences really quoted from
+    the speaker; does the reply follow the planned strategy; does it reuse a concrete
+    detail; does it avoid giving advice. Name the earliest stage that went wrong (or none)
+    and say in one sentence what to fix."""
+
+    dialogue: str = dspy.InputField(desc=_DIALOGUE_DESC)
+    emotion: EmotionLabel = dspy.InputField(desc="The emotion the first stage recognised.")
+    trigger_spans: list[str] = dspy.InputField(desc="The sentences the cause stage quoted.")
+    cause_summary: str = dspy.InputField(desc="The cause the cause stage found.")
+    strategy: Strategy = dspy.InputField(desc="The planned primary mechanism.")
+    secondary_strategy: Strategy = dspy.InputField(desc="The planned secondary mechanism.")
+    response: str = dspy.InputField(desc="The reply to audit.")
+    emotion_consistent: bool = dspy.OutputField()
+    spans_quoted: bool = dspy.OutputField()
+    strategy_followed: bool = dspy.OutputField()
+    detail_reused: bool = dspy.OutputField()
+    advice_avoided: bool = dspy.OutputField()
+    faulty_stage: AuditTarget = dspy.OutputField(desc="The earliest stage to redo, or none.")
+    critique: str = dspy.OutputField(desc="One sentence: what the redone stage must change.")
+
+
+OPTIONAL_SIGNATURES: dict[str, type[dspy.Signature]] = {
+    "infer_commonsense": InferCommonsense,
+    "reflect": AuditReply,
 }

@@ -104,3 +104,23 @@ def test_cli_reports_user_errors(capsys, tmp_path):
     assert main(["--program", str(tmp_path / "missing"), "--no-mlflow"]) == 2
     assert "cannot resolve program" in capsys.readouterr().err
     assert main(["--limit", "0"]) == 2
+
+
+def test_ablation_runs_each_variant_on_the_same_examples(tmp_path, monkeypatch, capsys):
+    lm, engine = fake_lm(reply_for)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--ablation", "no_cause,with_reflection", "--limit", "4", "--threads", "1", "--no-mlflow",
+                 "--output-dir", "abl"]) == 0
+    out = capsys.readouterr().out
+    assert "| full |" in out and "| no_cause |" in out and "| with_reflection |" in out and "[95% CI]" in out
+    record = json.loads((tmp_path / "abl/ablation.json").read_text())
+    assert set(record["table"]) == {"full", "no_cause", "with_reflection"}
+    ids = [json.loads(line)["id"] for line in (tmp_path / "abl/full/examples.jsonl").read_text().splitlines()]
+    for variant in ("no_cause", "with_reflection"):
+        rows = (tmp_path / f"abl/{variant}/examples.jsonl").read_text().splitlines()
+        assert sorted(json.loads(line)["id"] for line in rows) == sorted(ids)
+    order = engine.stage_order()
+    # 4 full runs (4 stages), 4 without the cause stage (3), 4 with one audit each (5).
+    assert len(order) == 4 * 4 + 4 * 3 + 4 * 5 and order.count("reflect") == 4
+    assert main(["--ablation", "no_such_thing", "--limit", "2", "--no-mlflow"]) == 2

@@ -114,3 +114,16 @@ def test_judge_score_and_pairwise_rates():
     assert pairwise_rates(["win", "win", "tie", "loss"]) == {"win": 0.5, "tie": 0.25, "loss": 0.25}
     with pytest.raises(ValueError):
         pairwise_rates(["draw"])
+
+
+def test_paired_bootstrap_ci():
+    from trace_dspy.optimize.scorers import paired_bootstrap_ci
+
+    assert paired_bootstrap_ci([0.5, 0.7], [0.5, 0.7]) == (0.0, 0.0, 0.0)
+    # A constant shift has no spread: every resample gives the same difference.
+    mean, low, high = paired_bootstrap_ci([0.6, 0.9, 0.2], [0.5, 0.8, 0.1])
+    assert (mean, low, high) == pytest.approx((0.1, 0.1, 0.1))
+    mean, low, high = paired_bootstrap_ci([1, 0, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0], seed=3)
+    assert mean == pytest.approx(4 / 6) and 0 < low < mean < high <= 1
+    with pytest.raises(ValueError):
+        paired_bootstrap_ci([1], [1, 2])

@@ -13,7 +13,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_strategy", "generate_response")
+# Every stage the program can run, in pipeline order. The four TRACE stages
+# always exist (two can be switched off); commonsense and reflect are opt-in.
+STAGES: tuple[str, ...] = ("recognize_emotion", "infer_commonsense", "analyze_cause", "plan_strategy",
+                           "generate_response", "reflect")
+CORE_STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_strategy", "generate_response")
 # Stages that an ablation may switch off. Emotion and reply are the task itself.
 OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
@@ -35,6 +39,11 @@ class ProgramConfig:
         lose the inputs that stage would have produced.
     retrieval: exemplar retrieval (see trace_dspy.retrieval.RetrievalConfig): on by
         default with k=2, used whenever the program has an index.
+    commonsense: run ``infer_commonsense`` (ATOMIC-style xIntent/xNeed/xWant/xEffect/
+        xReact) before the cause stage and feed it to ``analyze_cause``.
+    reflection: run ``reflect`` after the reply: it audits every stage, names the
+        earliest faulty one, which is redone with the audit's note together with
+        everything after it, at most ``reflection_rounds`` times.
     adapter: how prompts are laid out: ``chat`` (DSPy's ChatAdapter), ``compact``
         (fewer layout tokens, for grammar-constrained small models), ``json``, or
         ``auto``: compact for a constrained LM, chat otherwise.
@@ -44,6 +53,9 @@ class ProgramConfig:
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
     retrieval: Any = None  # RetrievalConfig; a dict is accepted
+    commonsense: bool = False
+    reflection: bool = False
+    reflection_rounds: int = 2
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -55,18 +67,29 @@ class ProgramConfig:
             object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))
         if self.adapter not in ADAPTER_CHOICES:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
+        if not isinstance(self.reflection_rounds, int) or not 1 <= self.reflection_rounds <= 5:
+            raise ConfigError("reflection_rounds must be an integer from 1 to 5")
         if self.extra:
             raise ConfigError(f"unknown [program] keys: {', '.join(sorted(self.extra))}")
 
     def enabled(self, stage: str) -> bool:
+        if stage == "infer_commonsense":
+            return self.commonsense
+        if stage == "reflect":
+            return self.reflection
         return stage not in self.disabled
+
+    def pipeline(self) -> tuple[str, ...]:
+        """The stages that run, in order (reflect last)."""
+        return tuple(s for s in STAGES if self.enabled(s))
 
     def reasons(self, stage: str) -> bool:
         return stage in self.reasoning
 
     def to_dict(self) -> dict[str, Any]:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
-                "retrieval": self.retrieval.to_dict()}
+                "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
+                "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> ProgramConfig:

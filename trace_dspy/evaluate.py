@@ -28,6 +28,14 @@ from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, format_
 from trace_dspy.jsonl import atomic_write_json
 from trace_dspy.tracking import DEFAULT_EXPERIMENT, log_params, mlflow_run, numeric_metrics
 
+# Variants of the configured program for --ablation: name -> changes to [program].
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "no_cause": {"disabled": ["analyze_cause"]},
+    "no_strategy": {"disabled": ["plan_strategy"]},
+    "no_retrieval": {"retrieval": {"enabled": False}},
+    "with_commonsense": {"commonsense": True},
+    "with_reflection": {"reflection": True},
+}
 TABLE_KEYS = ("n", "failed", "empathy", "emotion", "rules", "similarity", "relevance", "judge", "emotion_acc",
               "group_acc", "bleu1", "bleu2", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2",
               "length")
@@ -73,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop when more than this share of examples fails (default 0.5)")
     parser.add_argument("--output-dir", type=Path, help="where rows and summary go (default runs/evaluate/<run key>)")
     parser.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run of the same command")
+    parser.add_argument("--ablation", nargs="?", const=",".join(ABLATIONS), metavar="NAMES",
+                        help="evaluate named variants of the program on the same examples, with paired "
+                             f"bootstrap CIs against 'full' (default: all of {', '.join(ABLATIONS)})")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_data_args(parser)
     add_model_args(parser)
@@ -108,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         metric = build_metric(settings, loaded.lms)
     except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
+
+    if args.ablation:
+        return run_ablation(args, argv, settings, source, examples, metric)
 
     parts = {"program": args.program, "split": args.split, "view": args.view if args.split == "test" else "longest",
              "limit": len(examples), "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict(),
@@ -148,6 +162,95 @@ def main(argv: list[str] | None = None) -> int:
                 mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
                 print(f"mlflow run {run.info.run_id}")
         except Exception as exc:  # the results are on disk already; say so rather than lose them
+            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
+                  file=sys.stderr)
+    return 0
+
+
+def ablation_configs(settings: Settings, names: list[str]) -> dict[str, Any]:
+    from trace_dspy.config import ProgramConfig
+
+    base = settings.program.to_dict()
+    configs = {"full": settings.program}
+    for name in names:
+        if name not in ABLATIONS:
+            raise ConfigError(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)}")
+        data = dict(base)
+        for key, value in ABLATIONS[name].items():
+            if key == "disabled":
+                data["disabled"] = sorted(set(data["disabled"]) | set(value))
+            elif key == "retrieval":
+                data["retrieval"] = {**data["retrieval"], **value}
+            else:
+                data[key] = value
+        configs[name] = ProgramConfig.from_dict(data)
+    return configs
+
+
+def run_ablation(args, argv, settings: Settings, source, examples, metric) -> int:
+    """Evaluate each variant on the same examples; paired bootstrap CIs against 'full'."""
+    from dataclasses import replace
+
+    from trace_dspy.artifacts import load_for_run
+    from trace_dspy.optimize.scorers import paired_bootstrap_ci
+
+    if args.program != "default":
+        return fail("--ablation varies the configured program; use it with --program default")
+    try:
+        configs = ablation_configs(settings, [n for n in args.ablation.split(",") if n])
+    except ConfigError as exc:
+        return fail(str(exc))
+    parts = {"ablation": sorted(configs), "split": args.split, "view": args.view, "limit": len(examples),
+             "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict()}
+    out_dir = args.output_dir or Path("runs/ablation") / run_key({"program": "ablation", **parts})
+    results = {}
+    for name, program_config in configs.items():
+        variant = replace(settings, program=program_config)
+        loaded = load_for_run("default", variant, data=source, seed=args.seed)
+        rows_path = out_dir / name / "examples.jsonl"
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
+        if args.fresh and rows_path.exists():
+            rows_path.unlink()
+        print(f"ablation {name}: {len(examples)} examples, rows in {rows_path}", file=sys.stderr)
+        try:
+            results[name] = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default,
+                                             threads=args.threads, results_path=rows_path,
+                                             max_failure_rate=args.max_failure_rate, desc=name)
+        except FailureRateExceeded as exc:
+            return fail(f"{name}: {exc}", code=1)
+    full = [r.get("score", 0.0) for r in results["full"].rows]
+    lines = ["| variant | empathy | diff vs full [95% CI] | emotion_acc | similarity | rules | failed |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    table = {}
+    for name, result in results.items():
+        scores = [r.get("score", 0.0) for r in result.rows]
+        diff, low, high = paired_bootstrap_ci(scores, full, seed=args.seed)
+        summ = result.summary
+        table[name] = {**{k: v for k, v in summ.items() if k != "distributions"},
+                       "diff_vs_full": diff, "ci_low": low, "ci_high": high}
+        ci = "-" if name == "full" else f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]"
+        lines.append(f"| {name} | {summ['empathy']:.4f} | {ci} | {summ.get('emotion_acc', 0):.4f} | "
+                     f"{summ.get('similarity', 0):.4f} | {summ.get('rules', 0):.4f} | {summ['failed']} |")
+    print("\n".join(lines))
+    atomic_write_json(out_dir / "ablation.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
+                                                  "run": parts, "table": table})
+    print(f"rows and ablation.json in {out_dir}")
+    if not args.no_mlflow:
+        try:
+            import mlflow
+
+            with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment, run_name="ablation",
+                            tags={"trace_dspy.kind": "ablation"}):
+                log_params({"split": args.split, "view": args.view, "limit": len(examples), "seed": args.seed,
+                            "variants": ",".join(configs)})
+                for name, row in table.items():
+                    with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment,
+                                    run_name=f"ablation {name}", tags={"trace_dspy.kind": "ablation-variant"},
+                                    nested=True):
+                        log_params({"variant": name, "program": configs[name].to_dict()})
+                        mlflow.log_metrics(numeric_metrics(row, args.split))
+                mlflow.log_artifact(str(out_dir / "ablation.json"))
+        except Exception as exc:
             print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
                   file=sys.stderr)
     return 0

@@ -41,7 +41,7 @@ import dspy
 from trace_dspy.config import STAGES, ConfigError
 
 STAGE_GROUPS: dict[str, tuple[str, ...]] = {
-    "analysis": ("recognize_emotion", "analyze_cause", "plan_strategy"),
+    "analysis": ("recognize_emotion", "infer_commonsense", "analyze_cause", "plan_strategy", "reflect"),
     "response": ("generate_response",),
 }
 ROLES = ("judge", "prompt")

@@ -20,7 +20,11 @@ from trace_dspy.adapters import choose_adapter
 from trace_dspy.config import ProgramConfig
 from trace_dspy.dialogue import normalize_dialogue
 from trace_dspy.labels import ekman_group
-from trace_dspy.signatures import STAGE_SIGNATURES
+from trace_dspy.config import STAGES
+from trace_dspy.dialogue import speaker_text
+from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
+
+ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
 
 # Inputs that exist only when the stage producing them runs.
 _PRODUCED_BY = {
@@ -28,16 +32,24 @@ _PRODUCED_BY = {
     "plan_strategy": ("strategy", "secondary_strategy"),
 }
 _REASONING_DESC = "Think it through step by step, briefly, before answering."
+_COMMONSENSE_DESC = "Commonsense inferences about the speaker (intent, need, want, effect, reaction)."
+_NOTE_DESC = "An audit's note on an earlier attempt at this stage; empty on the first attempt."
+_ATOMIC = (("x_intent", "xIntent"), ("x_need", "xNeed"), ("x_want", "xWant"), ("x_effect", "xEffect"),
+           ("x_react", "xReact"))
 
 
 def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
     """The signature a stage uses under ``config``."""
-    sig = STAGE_SIGNATURES[stage]
+    sig = ALL_SIGNATURES[stage]
     for producer, names in _PRODUCED_BY.items():
         if not config.enabled(producer):
             for name in names:
                 if name in sig.input_fields:
                     sig = sig.delete(name)
+    if stage == "analyze_cause" and config.commonsense:
+        sig = sig.append("commonsense", dspy.InputField(desc=_COMMONSENSE_DESC), type_=str)
+    if config.reflection and stage != "reflect":
+        sig = sig.append("revision_note", dspy.InputField(desc=_NOTE_DESC), type_=str)
     if config.reasons(stage):
         sig = sig.prepend("reasoning", dspy.OutputField(desc=_REASONING_DESC), type_=str)
     return sig
@@ -63,14 +75,14 @@ class TraceProgram(dspy.Module):
         self.config = config or ProgramConfig()
         # An ExemplarIndex (trace_dspy.retrieval); used when exemplars are not passed in.
         self.retriever = retriever
-        for stage in STAGE_SIGNATURES:
+        for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
         self._stage_lms: dict[str, dspy.LM] = {}
         self.set_stage_lms(stage_lms or {})
 
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
-        unknown = set(stage_lms) - set(STAGE_SIGNATURES)
+        unknown = set(stage_lms) - set(STAGES)
         if unknown:
             raise ValueError(f"unknown stage(s) for stage_lms: {', '.join(sorted(unknown))}")
         self._stage_lms = dict(stage_lms)
@@ -109,26 +121,80 @@ class TraceProgram(dspy.Module):
         return [format_exemplar(h) for h in hits]
 
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
-        state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or [])}
-        retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
+        state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or []),
+                       "revision_note": ""}
         outputs: dict = {}
-        for stage in STAGE_SIGNATURES:
+        retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
+        pipeline = [s for s in self.config.pipeline() if s != "reflect"]
+        self._run_stages(pipeline, state, outputs, retrieve)
+        if self.config.reflection:
+            outputs["audits"] = self._reflect(pipeline, state, outputs)
+        outputs["emotion_group"] = ekman_group(outputs["emotion"])
+        return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
+
+    def _run_stages(self, stages: Sequence[str], state: dict, outputs: dict, retrieve: bool) -> None:
+        for stage in stages:
             if stage == "plan_strategy" and retrieve:
                 # After the emotion is known: TRACE filters exemplars by its group.
                 state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"))
                 retrieve = False
-            predictor = getattr(self, stage)
-            if predictor is None:
-                continue
-            sig = predictor.signature
-            with self._stage_context(stage):
-                result = predictor(**{name: state[name] for name in sig.input_fields})
-            for name in sig.output_fields:
+            result = self._call(stage, state)
+            for name in getattr(self, stage).signature.output_fields:
                 value = result[name]
                 if name == "reasoning":
                     outputs[f"{stage}_reasoning"] = value
                 else:
                     state[name] = value
                     outputs[name] = value
-        outputs["emotion_group"] = ekman_group(outputs["emotion"])
-        return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
+            if stage == "infer_commonsense":
+                state["commonsense"] = "; ".join(f"{label}: {result[key]}" for key, label in _ATOMIC)
+
+    def _call(self, stage: str, state: dict):
+        predictor = getattr(self, stage)
+        with self._stage_context(stage):
+            return predictor(**{name: state[name] for name in predictor.signature.input_fields})
+
+    def _reflect(self, pipeline: list[str], state: dict, outputs: dict) -> list[dict]:
+        """Audit, then redo the earliest faulty stage and everything after it; bounded rounds."""
+        audits = []
+        for round_ in range(1, self.config.reflection_rounds + 1):
+            verdict = self._call("reflect", state)
+            audit = {k: verdict[k] for k in self.reflect.signature.output_fields if k != "reasoning"}
+            checks = self._rule_checks(state)
+            audit.update(round=round_, rule_checks=checks)
+            named = [verdict.faulty_stage] if verdict.faulty_stage != "none" else []
+            named += [stage for stage, ok in (("analyze_cause", checks.get("spans_verbatim", True)),
+                                              ("generate_response", checks["no_advice"])) if not ok]
+            redo = self._earliest_enabled(named, pipeline)
+            audit["redo_from"] = redo
+            audits.append(audit)
+            if redo is None:
+                break
+            notes = [verdict.critique] + [f"Rule broken: {name}." for name, ok in checks.items() if not ok]
+            state["revision_note"] = " ".join(n for n in notes if n)
+            self._run_stages(pipeline[pipeline.index(redo):], state, outputs, retrieve=False)
+        state["revision_note"] = ""
+        return audits
+
+    @staticmethod
+    def _earliest_enabled(named: list[str], pipeline: list[str]) -> str | None:
+        """The earliest named stage; a disabled one maps to the next stage that runs."""
+        order = list(STAGES)
+        candidates = []
+        for stage in named:
+            later = [s for s in pipeline if order.index(s) >= order.index(stage)]
+            if later:
+                candidates.append(later[0])
+        return min(candidates, key=order.index) if candidates else None
+
+    @staticmethod
+    def _rule_checks(state: dict) -> dict[str, bool]:
+        """What code can check without a model: quoted spans and advice."""
+        from trace_dspy.optimize.scorers import gives_advice
+
+        checks = {"no_advice": not gives_advice(state.get("response", ""))}
+        if "trigger_spans" in state:
+            spoken = " ".join(speaker_text(state["dialogue"]).split())
+            checks["spans_verbatim"] = bool(state["trigger_spans"]) and all(
+                " ".join(str(span).split()) in spoken for span in state["trigger_spans"])
+        return checks

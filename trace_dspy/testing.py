@@ -33,6 +33,18 @@ DEFAULT_ANSWERS: dict[str, Any] = {
     "strategy": "ER",
     "secondary_strategy": "EX",
     "response": "I'm sorry the driving test went that way again; how are you holding up?",
+    "x_intent": "to pass the test",
+    "x_need": "to practise driving",
+    "x_want": "to try again",
+    "x_effect": "loses confidence",
+    "x_react": "disappointed",
+    "emotion_consistent": True,
+    "spans_quoted": True,
+    "strategy_followed": True,
+    "detail_reused": True,
+    "advice_avoided": True,
+    "faulty_stage": "none",
+    "critique": "Nothing to fix.",
 }
 
 
@@ -104,6 +116,8 @@ class ScriptedEngine:
 
 _STAGE_BY_OUTPUT = {
     "emotion": "recognize_emotion",
+    "x_intent": "infer_commonsense",
+    "faulty_stage": "reflect",
     "cause_summary": "analyze_cause",
     "strategy": "plan_strategy",
     "response": "generate_response",
