@@ -106,8 +106,15 @@ def test_cli_reports_user_errors(capsys, tmp_path):
     assert main(["--limit", "0"]) == 2
 
 
+def quoting(outputs, inputs):
+    """Quotes the speaker's words as the trigger span, so the audit's rule checks pass."""
+    if "trigger_spans" in outputs:
+        return {"trigger_spans": [inputs["dialogue"].splitlines()[-1].removeprefix("Speaker: ")]}
+    return reply_for(outputs, inputs)
+
+
 def test_ablation_runs_each_variant_on_the_same_examples(tmp_path, monkeypatch, capsys):
-    lm, engine = fake_lm(reply_for)
+    lm, engine = fake_lm(quoting)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
     monkeypatch.chdir(tmp_path)
     assert main(["--ablation", "no_cause,with_reflection", "--limit", "4", "--threads", "1", "--no-mlflow",
