@@ -77,6 +77,8 @@ def test_recorded_config_holds_no_secret(tmp_path, monkeypatch):
     ('[lm.stages.writer]\nmodel = "x"\n', "unknown stage"),
     ('[lmm]\nmodel = "x"\n', "unknown table"),
     ('[program]\nadapter = "xml"\n', "adapter must be one of"),
+    ('[data]\nsrc = "x"\n', "unknown keys: src"),
+    ('[retrieval]\nk = 3\n', "unknown table"),
 ])
 def test_bad_configs_are_refused_clearly(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):

@@ -12,7 +12,7 @@ from typing import Any
 from trace_dspy.config import ConfigError, ProgramConfig, read_toml
 from trace_dspy.lms import LMConfig, offline_litellm
 
-KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer", "retrieval"}
+KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer"}
 
 
 @dataclass
@@ -26,6 +26,10 @@ class Settings:
     # True when the user chose models (flags or an [lm] table): they then win
     # over the models recorded in a loaded artifact.
     lm_explicit: bool = False
+
+    def data_source(self, flag: str | None) -> str | None:
+        """--data wins over the [data] table's source."""
+        return flag or (self.raw.get("data") or {}).get("source")
 
     def to_dict(self) -> dict[str, Any]:
         """Safe to record: holds no secrets."""
@@ -52,6 +56,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     unknown = set(raw) - KNOWN_TABLES
     if unknown:
         raise ConfigError(f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}")
+    bad_data = set(raw.get("data") or {}) - {"source", "train", "dev"}
+    if bad_data:
+        raise ConfigError(f"[data] unknown keys: {', '.join(sorted(bad_data))}; use source, train, dev")
     program = ProgramConfig.from_dict(raw.get("program"))
     lm = LMConfig.from_dict(raw.get("lm")).with_overrides(
         lm=args.lm, api_base=args.api_base, api_key_env=args.api_key_env,

@@ -110,7 +110,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     cfg = CompileConfig(
         settings=settings,
         optimizer=OptimizerConfig.from_dict(opt_table),
-        data=args.data or data_table.get("source"),
+        data=settings.data_source(args.data),
         train=args.train if args.train is not None else data_table.get("train", 16),
         dev=args.dev if args.dev is not None else data_table.get("dev", 16),
         seed=args.seed,

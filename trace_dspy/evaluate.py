@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--limit must be at least 1")
     try:
         settings = settings_from_args(args)
-        source = resolve_source(args.data, seed=args.seed)  # logs a loud notice for the seed set
+        source = resolve_source(settings.data_source(args.data), seed=args.seed)  # loud notice for the seed set
         examples = load_examples(args, source)
         from trace_dspy.artifacts import load_for_run
 

@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
         from trace_dspy.artifacts import load_for_run
 
-        loaded = load_for_run(args.program, settings, data=args.data, announce_seed=False)
+        loaded = load_for_run(args.program, settings, data=settings.data_source(args.data), announce_seed=False)
         program, default_lm = loaded.program, loaded.lms.default
     except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
