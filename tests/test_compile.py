@@ -270,7 +270,7 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     # The loaded program answers.
     lm, _ = fake_lm(reply_for)
     loaded = trace_dspy.load("trace-dspy@latest")  # LMs rebuilt from the manifest (faked here)
-    assert set(loaded.stage_lms) == set(STAGES)
+    assert set(STAGES) <= set(loaded.stage_lms)
     assert loaded(dialogue="I lost my ring.").response
 
     import mlflow
