@@ -73,7 +73,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic"):
+    for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
     offline_litellm()
 
