@@ -282,3 +282,17 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     assert {"dev_before/empathy", "dev_after/empathy", "dev_delta/empathy"} <= set(metrics)
     params = json.dumps(runs[0].data.params)
     assert "optimizer.name" in params and "api_key" not in params.replace("api_key_env", "")
+
+
+def test_the_retrieval_pool_is_the_whole_train_partition_and_ships_with_the_artifact(fake_models, tmp_path):
+    from trace_dspy.data import load_splits
+
+    cfg = config_from_args(["--optimizer", "labeled", "--train", "4", "--dev", "3", "--no-mlflow"])
+    result = run_compile(cfg)
+    full = load_splits(None, seed=0)
+    assert result.manifest["retrieval"]["pool_items"] == len(full.train) > 4
+    dev_ids = set(result.manifest["data"]["dev_ids"])
+    items = json.loads((result.artifact / "index/items.json").read_text())["items"]
+    assert not dev_ids & {i["id"] for i in items}  # dev never leaks into the exemplars
+    loaded = load_reference(str(result.artifact))
+    assert loaded.program.retriever is not None and len(loaded.program.retriever.items) == len(full.train)

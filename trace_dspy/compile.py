@@ -163,7 +163,11 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
     from trace_dspy.retrieval import cached_index
 
     retrieval = cfg.settings.program.retrieval
-    retriever = cached_index(splits.train, retrieval, source.fingerprint) if retrieval.enabled else None
+    retriever = None
+    if retrieval.enabled:
+        # Exemplars come from the whole training partition (never dev), not just the sampled train set.
+        pool = load_splits(source, seed=cfg.seed).train
+        retriever = cached_index(pool, retrieval, source.fingerprint)
     program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever)
     metric = build_metric(cfg.settings, lms)
     prompt_lm = lms.role("prompt")
