@@ -153,9 +153,8 @@ class EmpathyMetric:
             judged = self.judge(dialogue=example.dialogue, reply=reply)
             components["judge"] = judged.score
             details["judge"] = {k: judged[k] for k in (*type(self.judge).FIELDS, "justification")}
-        weights = self.config.weights()
-        active = {k: w for k, w in weights.items() if w > 0 and components[k] is not None}
-        score = sum(w * components[k] for k, w in active.items()) / sum(active.values()) if active else 0.0
+        score = weighted_mean(components, self.config.weights())
+        score = 0.0 if score is None else score
         return Scored(score, components, details, self._notes(example, pred, components, rules, details))
 
     def _notes(self, example, pred, components, rules, details) -> list[tuple[str, str]]:
@@ -202,6 +201,14 @@ class EmpathyMetric:
         if trace is not None:
             return scored.score >= self.config.threshold
         return scored.score
+
+
+def weighted_mean(components: dict[str, float | None], weights: dict[str, float]) -> float | None:
+    """Mean of the components with a positive weight and a value; None when there are none."""
+    active = {k: w for k, w in weights.items() if w > 0 and components.get(k) is not None}
+    if not active:
+        return None
+    return sum(w * components[k] for k, w in active.items()) / sum(active.values())
 
 
 def _get(pred, name):

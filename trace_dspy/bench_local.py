@@ -74,13 +74,11 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig) 
 def run_raw(history: list[dict]) -> dict:
     """The same prompts straight through llama-cpp-python, no grammar, no state restore."""
     from llama_cpp import Llama
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from trace_dspy.local_lm import default_model_path
+    from trace_dspy.local_lm import _formatters, default_model_path
 
     llama = Llama(str(default_model_path()), n_ctx=4096, n_threads=2, n_threads_batch=2, seed=0, verbose=False)
-    fmt = Jinja2ChatFormatter(llama.metadata["tokenizer.chat_template"], llama._model.token_get_text(llama.token_eos()),
-                              llama._model.token_get_text(llama.token_bos()))
+    fmt, _ = _formatters(llama)
     started = time.perf_counter()
     prompt_tokens = completion_tokens = 0
     for item in progress(history, desc="raw llama.cpp"):

@@ -96,7 +96,8 @@ def evaluate_program(
         raise ValueError("examples must have unique sample_id values")
     done: dict[str, dict] = {}
     if results_path is not None:
-        done = {k: v for k, v in read_records(results_path).items() if "error" not in v and k in set(ids)}
+        wanted = set(ids)
+        done = {k: v for k, v in read_records(results_path).items() if "error" not in v and k in wanted}
     todo = [e for e, i in zip(examples, ids) if i not in done]
     rows: dict[str, dict] = dict(done)
     failures = 0

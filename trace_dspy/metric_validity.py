@@ -24,7 +24,7 @@ import dspy
 
 from trace_dspy.cli import add_model_args, progress, settings_from_args, setup_logging
 from trace_dspy.data import load_test
-from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig, weighted_mean
 from trace_dspy.optimize.scorers import auc, rouge_l, sentence_bleu, token_f1
 
 BLAND = ("I see.", "That's nice.", "Okay.", "Interesting.", "I understand.", "Cool.", "Alright then.", "Hmm, okay.")
@@ -41,13 +41,6 @@ def component_scores(metric: EmpathyMetric, example: dspy.Example, reply: str, j
     if judge is not None:
         out["judge"] = judge(dialogue=example.dialogue, reply=reply).score
     return out
-
-
-def composite(scores: dict[str, float], weights: dict[str, float]) -> float | None:
-    active = {k: w for k, w in weights.items() if w > 0 and k in scores}
-    if not active:
-        return None
-    return sum(w * scores[k] for k, w in active.items()) / sum(active.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     free_judge_weights = {"rules": 0.3, "relevance": 0.3, "judge": 0.4}
     for rows in conditions.values():
         for r in rows:
-            r["composite (default weights, emotion excluded)"] = composite(r, default_weights)
-            r["composite (reference-free: rules + relevance)"] = composite(r, free_weights)
+            r["composite (default weights, emotion excluded)"] = weighted_mean(r, default_weights)
+            r["composite (reference-free: rules + relevance)"] = weighted_mean(r, free_weights)
             if "judge" in r:
-                r["composite (reference-free with judge)"] = composite(r, free_judge_weights)
+                r["composite (reference-free with judge)"] = weighted_mean(r, free_judge_weights)
 
     free = [k for k in REFERENCE_FREE if judge is not None or k != "judge"]
     names = [*REFERENCE_BASED, *free, *[k for k in conditions["gold"][0] if k.startswith("composite")]]
