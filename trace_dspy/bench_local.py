@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     config = ProgramConfig()
     with_reuse = run_program(examples, prefix_cache=True, program_config=config)
     subset = examples[: args.reuse_limit]
-    without_reuse = run_program(subset, prefix_cache=False, program_config=config)
-    with_reuse_subset_s = None
-    if args.reuse_limit:
+    without_reuse, with_reuse_subset_s = None, None
+    if subset:
+        without_reuse = run_program(subset, prefix_cache=False, program_config=config)
         # Same subset with reuse, for a like-for-like comparison.
         with_reuse_subset_s = run_program(subset, prefix_cache=True, program_config=config)["seconds_per_dialogue"]
     raw = None if args.no_raw else run_raw(with_reuse["history"])
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"python": platform.python_version(), "processor": platform.processor(),
                         "cpus": __import__("os").cpu_count()},
             "with_reuse": {k: v for k, v in with_reuse.items() if k != "history"},
-            "without_reuse": {k: v for k, v in without_reuse.items() if k != "history"},
+            "without_reuse": {k: v for k, v in (without_reuse or {}).items() if k != "history"},
             "with_reuse_subset_seconds_per_dialogue": with_reuse_subset_s,
             "raw": raw,
         }
