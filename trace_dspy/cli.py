@@ -105,7 +105,10 @@ def with_dspy_context(fn):
     """
     import dspy
 
-    overrides = {k: v for k, v in dspy.settings.config.items() if k in ("lm", "adapter")}
+    # The LM and adapter, plus an active usage tracker so that LM calls made in
+    # the workers are counted by the caller (e.g. the compile bench).
+    overrides = {k: v for k, v in dspy.settings.config.items()
+                 if k in ("lm", "adapter") or (k == "usage_tracker" and v is not None)}
 
     def run(*args, **kwargs):
         with dspy.context(**overrides):

@@ -38,7 +38,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 }
 TABLE_KEYS = ("n", "failed", "empathy", "emotion", "rules", "similarity", "relevance", "judge", "emotion_acc",
               "group_acc", "bleu1", "bleu2", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2",
-              "length")
+              "length", "seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue",
+              "completion_tokens_per_dialogue")
 
 
 def build_metric(settings: Settings, lms=None):

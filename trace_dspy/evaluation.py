@@ -9,6 +9,7 @@ file as they finish, so an interrupted run resumes where it stopped.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import dspy
+from dspy.utils.usage_tracker import track_usage
 
 from trace_dspy.cli import progress, with_dspy_context
 from trace_dspy.jsonl import AppendWriter, read_records
@@ -62,10 +64,21 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
         "gold_response": example.get("response"),
         "dialogue": example.dialogue,
     }
-    try:
-        pred = program(**example.inputs())
-    except Exception as exc:  # a failed example is recorded and counted, never dropped
-        row.update(error=f"{type(exc).__name__}: {exc}"[:2000], score=0.0)
+    started = time.perf_counter()
+    error = None
+    with track_usage() as usage:
+        try:
+            pred = program(**example.inputs())
+        except Exception as exc:  # a failed example is recorded and counted, never dropped
+            error = f"{type(exc).__name__}: {exc}"[:2000]
+    # Cost of the program call alone (not the metric): wall time and the LM
+    # calls that reached a model (cache hits are not counted).
+    entries = [e for per_lm in usage.usage_data.values() for e in per_lm]
+    row.update(seconds=time.perf_counter() - started, lm_calls=len(entries),
+               prompt_tokens=sum(e.get("prompt_tokens") or 0 for e in entries),
+               completion_tokens=sum(e.get("completion_tokens") or 0 for e in entries))
+    if error is not None:
+        row.update(error=error, score=0.0)
         return row
     row["prediction"] = {k: pred[k] for k in PREDICTION_FIELDS if k in pred}
     try:
@@ -155,6 +168,11 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "failure_rate": (len(rows) - len(ok)) / len(rows),
         "empathy": sum(r.get("score", 0.0) for r in rows) / len(rows),
     }
+    timed = [r for r in rows if "seconds" in r]
+    if timed:  # rows written before costs were recorded have none
+        summary["seconds_per_dialogue"] = sum(r["seconds"] for r in timed) / len(timed)
+        for key in ("lm_calls", "prompt_tokens", "completion_tokens"):
+            summary[f"{key}_per_dialogue"] = sum(r.get(key, 0) for r in timed) / len(timed)
     for comp in ("emotion", "rules", "similarity", "relevance", "judge"):
         value = safe_mean((r.get("components") or {}).get(comp) for r in ok)
         if value is not None:
