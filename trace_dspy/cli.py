@@ -76,6 +76,39 @@ def setup_logging(verbose: bool = False) -> None:
     for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
     offline_litellm()
+    bars_only_on_terminals()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def bars_only_on_terminals() -> None:
+    """Keep every tqdm bar, DSPy's included, out of files, pipes and logs.
+
+    DSPy's optimizers draw their own bars (BootstrapFewShot on stderr, the
+    parallel evaluator on stdout) whatever the stream is. Commands replace
+    ``tqdm.tqdm`` with a subclass that switches a bar off when its stream is
+    not a terminal; on a terminal nothing changes.
+    """
+    import tqdm
+
+    if getattr(tqdm.tqdm, "_trace_dspy_quiet", False):
+        return
+    base = tqdm.tqdm
+
+    class TerminalOnlyTqdm(base):
+        _trace_dspy_quiet = True
+
+        def __init__(self, *args, **kwargs):
+            if not _isatty(kwargs.get("file") or sys.stderr):
+                kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    tqdm.tqdm = TerminalOnlyTqdm
 
 
 def fail(message: str, code: int = 2) -> int:
