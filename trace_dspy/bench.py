@@ -1,0 +1,787 @@
+"""Benchmarks: what the compiled program buys, what it costs, and the performance budget.
+
+    python -m trace_dspy.bench                  # the quality bench (same as `bench quality`)
+    python -m trace_dspy.bench quality --limit 200 --optimizers labeled,bootstrap
+    python -m trace_dspy.bench overhead         # framework time per stage, zero-latency fake LM
+    python -m trace_dspy.bench concurrency      # throughput by thread count, 200 ms loopback server
+    python -m trace_dspy.bench embedded         # the embedded model against raw llama.cpp
+    python -m trace_dspy.bench compile          # default compile, cold and then warm cache
+
+Every sub-command prints a markdown table, writes ``<name>.md`` and
+``<name>.json`` (numbers only, no dataset text) to ``--output-dir`` and logs an
+MLflow run to the ``trace-dspy-bench`` experiment. The quality bench compares,
+on one seeded EmpatheticDialogues test subset and one LM:
+
+- ``single_cot``: one ChainOfThought call from dialogue to emotion and reply;
+- ``trace_paper``: the staged program with instructions that restate the
+  published agents' prompts, uncompiled;
+- ``trace``: this project's TraceProgram, uncompiled;
+- ``compiled_<optimizer>``: TraceProgram compiled on the train split by each
+  optimizer given with ``--optimizers``; and any ``--artifact`` references.
+
+Each system gets the evaluation suite, paired-bootstrap 95% intervals of its
+per-example differences against the first system, and its cost per dialogue
+(LM calls, prompt and completion tokens, seconds). The same functions are the
+library API: ``run_quality``, ``measure_overhead``, ``measure_concurrency``,
+``measure_compile``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from trace_dspy.cli import Settings, fail, progress, with_dspy_context
+from trace_dspy.jsonl import atomic_write_json
+
+BENCH_EXPERIMENT = "trace-dspy-bench"
+BASE_SYSTEMS = ("single_cot", "trace_paper", "trace")
+SYSTEM_DESCRIPTIONS = {
+    "single_cot": "one ChainOfThought call: dialogue -> emotion, reply",
+    "trace_paper": "TRACE stages with paraphrased paper-agent instructions, uncompiled",
+    "trace": "TraceProgram, uncompiled",
+}
+# Per-example values that get paired-bootstrap intervals against the baseline.
+PAIRED_METRICS = ("empathy", "emotion_correct", "group_correct", "emotion", "rules", "similarity", "relevance",
+                  "token_f1", "rouge_l")
+SCORE_KEYS = ("n", "failed", "empathy", "emotion", "rules", "similarity", "relevance", "emotion_acc", "group_acc",
+              "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length")
+COST_KEYS = ("lm_calls_per_dialogue", "prompt_tokens_per_dialogue", "completion_tokens_per_dialogue",
+             "seconds_per_dialogue")
+
+
+# ----------------------------------------------------------------------------- systems
+
+class SingleCallProgram(dspy.Module):
+    """The single-call baseline: dialogue -> (reasoning, emotion, reply) in one LM call."""
+
+    def __init__(self):
+        super().__init__()
+        from trace_dspy.signatures.baselines import SingleCallEmpathy
+
+        self.respond = dspy.ChainOfThought(SingleCallEmpathy)
+
+    def forward(self, dialogue) -> dspy.Prediction:
+        from trace_dspy.adapters import choose_adapter
+        from trace_dspy.dialogue import normalize_dialogue
+        from trace_dspy.labels import ekman_group
+
+        text = normalize_dialogue(dialogue)
+        adapter = choose_adapter("auto", dspy.settings.lm)  # the compact adapter on grammar-constrained LMs
+        with dspy.context(adapter=adapter) if adapter is not None else nullcontext():
+            out = self.respond(dialogue=text)
+        return dspy.Prediction(dialogue=text, emotion=out.emotion, emotion_group=ekman_group(out.emotion),
+                               response=out.response, reasoning=out.reasoning)
+
+
+def paper_program(config, *, retriever=None, stage_lms=None):
+    """TraceProgram with instructions restating the published agents' prompts (uncompiled)."""
+    from trace_dspy.program import TraceProgram
+    from trace_dspy.signatures.baselines import (
+        PAPER_INSTRUCTIONS,
+        PAPER_REASONING_STAGES,
+    )
+
+    config = replace(config, reasoning=tuple(dict.fromkeys((*config.reasoning, *PAPER_REASONING_STAGES))))
+    program = TraceProgram(config, stage_lms=stage_lms, retriever=retriever)
+    for stage, text in PAPER_INSTRUCTIONS.items():
+        predictor = getattr(program, stage, None)
+        if predictor is not None:
+            predictor.signature = predictor.signature.with_instructions(text)
+    return program
+
+
+@dataclass
+class System:
+    name: str
+    description: str
+    program: dspy.Module
+    compile_seconds: float | None = None
+    compile_lm_calls: int | None = None
+
+
+def without_cache(lm_config):
+    """The same models with DSPy's response cache off, so every call is really made and timed."""
+    from trace_dspy.lms import LMConfig
+
+    off = lambda spec: None if spec is None else replace(spec, cache=False)
+    return LMConfig(default=off(lm_config.default), stages={k: off(v) for k, v in lm_config.stages.items()},
+                    judge=off(lm_config.judge), prompt=off(lm_config.prompt))
+
+
+def count_lm_calls(fn, *args, **kwargs) -> tuple[Any, int]:
+    """Run ``fn`` and count the LM calls that reached a model (cache hits excluded), threads included."""
+    from dspy.utils.usage_tracker import track_usage
+
+    with track_usage() as tracker:
+        result = fn(*args, **kwargs)
+    return result, sum(len(v) for v in tracker.usage_data.values())
+
+
+def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Sequence[str], *, settings: Settings,
+                  lms, retriever, train=(), dev=(), metric=None, optimizer_settings: dict | None = None,
+                  log=print) -> list[System]:
+    """The systems to compare, all on the LMs of ``lms``; compiled ones are compiled here."""
+    from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+    from trace_dspy.program import TraceProgram
+
+    systems: list[System] = []
+    stage_lms = lms.stage_lms()
+    for name in names:
+        if name == "single_cot":
+            program = SingleCallProgram()
+        elif name == "trace_paper":
+            program = paper_program(settings.program, retriever=retriever, stage_lms=stage_lms)
+        elif name == "trace":
+            program = TraceProgram(settings.program, stage_lms=stage_lms, retriever=retriever)
+        else:
+            raise ValueError(f"unknown system {name!r}; choose from {', '.join(BASE_SYSTEMS)}")
+        systems.append(System(name, SYSTEM_DESCRIPTIONS[name], program))
+    for opt in optimizers:
+        cfg = OptimizerConfig.from_dict({**(optimizer_settings or {}), "name": opt})
+        student = TraceProgram(settings.program, stage_lms=stage_lms, retriever=retriever)
+        log(f"compiling with {opt} on {len(train)} train examples")
+        started = time.perf_counter()
+        with dspy.context(lm=lms.default):
+            compiled, calls = count_lm_calls(compile_program, cfg, student, metric, train, dev,
+                                             prompt_lm=lms.role("prompt"))
+        systems.append(System(f"compiled_{opt}", f"TraceProgram compiled with {opt} ({len(train)} train)",
+                              compiled, time.perf_counter() - started, calls))
+    for ref in artifacts:
+        from trace_dspy.artifacts import load_reference
+
+        loaded = load_reference(ref)
+        program = loaded.program
+        if hasattr(program, "set_stage_lms"):  # same LM for every system
+            program.set_stage_lms(stage_lms)
+        systems.append(System(f"artifact:{ref}", f"compiled artifact {ref}", program))
+    names_seen = [s.name for s in systems]
+    if len(set(names_seen)) != len(names_seen):
+        raise ValueError(f"duplicate systems: {names_seen}")
+    if not systems:
+        raise ValueError("no systems to compare")
+    return systems
+
+
+# ----------------------------------------------------------------------------- quality
+
+def per_example(row: dict[str, Any]) -> dict[str, float]:
+    """The per-example values that paired intervals are computed on (failed rows count 0)."""
+    from trace_dspy.labels import ekman_group
+    from trace_dspy.optimize.scorers import rouge_l, token_f1
+
+    pred = row.get("prediction") or {}
+    comps = row.get("components") or {}
+    gold, guess = row.get("gold_emotion"), pred.get("emotion")
+    reply, ref = pred.get("response") or "", row.get("gold_response") or ""
+    failed = "error" in row
+    return {
+        "empathy": float(row.get("score", 0.0)),
+        "emotion_correct": float(not failed and guess is not None and guess == gold),
+        "group_correct": float(not failed and guess is not None and ekman_group(guess) == ekman_group(gold)),
+        "emotion": 0.0 if failed else float(comps.get("emotion", 0.0)),
+        "rules": 0.0 if failed else float(comps.get("rules", 0.0)),
+        "similarity": 0.0 if failed else float(comps.get("similarity", 0.0)),
+        "relevance": 0.0 if failed else float(comps.get("relevance", 0.0)),
+        "token_f1": token_f1(ref, reply) if ref and not failed else 0.0,
+        "rouge_l": rouge_l(ref, reply) if ref and not failed else 0.0,
+    }
+
+
+@dataclass
+class QualityReport:
+    systems: list[str]
+    descriptions: dict[str, str]
+    summaries: dict[str, dict[str, Any]]
+    paired: dict[str, dict[str, tuple[float, float, float]]]  # system -> metric -> (diff, low, high)
+    score_ci: dict[str, tuple[float, float, float]]  # system -> empathy (mean, low, high)
+    compile: dict[str, dict[str, Any]]
+    run: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return self.systems[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "systems": self.systems, "baseline": self.baseline, "descriptions": self.descriptions,
+                "summaries": {k: {m: v for m, v in s.items() if m != "distributions"} for k, s in self.summaries.items()},
+                "paired_vs_baseline": {k: {m: list(v) for m, v in d.items()} for k, d in self.paired.items()},
+                "empathy_ci": {k: list(v) for k, v in self.score_ci.items()}, "compile": self.compile}
+
+    def markdown(self) -> str:
+        def cell(value):
+            return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+        names = self.systems
+        head = "| metric | " + " | ".join(names) + " |\n| --- |" + " ---: |" * len(names)
+        scores = [head] + [f"| {k} | " + " | ".join(cell(self.summaries[n].get(k)) for n in names) + " |"
+                           for k in SCORE_KEYS if any(k in self.summaries[n] for n in names)]
+        others = names[1:]
+        paired = ["| metric | " + " | ".join(others) + " |", "| --- |" + " ---: |" * len(others)]
+        for metric in PAIRED_METRICS:
+            paired.append(f"| {metric} | " + " | ".join(
+                "{:+.4f} [{:+.4f}, {:+.4f}]".format(*self.paired[n][metric]) for n in others) + " |")
+        cost = [head] + [f"| {k.replace('_per_dialogue', '')} | " + " | ".join(
+            cell(self.summaries[n].get(k)) for n in names) + " |" for k in COST_KEYS]
+        compiled = [f"- `{n}`: compiled in {c['seconds']:.0f} s with {c['lm_calls']} LM calls"
+                    for n, c in self.compile.items()]
+        systems = [f"- `{n}`: {self.descriptions[n]}" for n in names]
+        parts = ["Systems:", *systems, "", "Scores (per system):", "", *scores, "",
+                 f"Paired difference against `{self.baseline}`, mean [95% bootstrap CI]:", "", *paired, "",
+                 "Cost per dialogue (LM calls that reached the model, tokens, wall seconds):", "", *cost]
+        if compiled:
+            parts += ["", "Compile cost:", "", *compiled]
+        return "\n".join(parts)
+
+
+def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], metric, *, lm=None, threads: int = 1,
+                rows_dir: str | Path | None = None, max_failure_rate: float | None = 0.5, seed: int = 0,
+                run: dict[str, Any] | None = None) -> QualityReport:
+    """Evaluate every system on the same examples; intervals are against ``systems[0]``."""
+    from trace_dspy.evaluation import evaluate_program
+    from trace_dspy.optimize.scorers import paired_bootstrap_ci
+
+    if not examples:
+        raise ValueError("no examples to benchmark on")
+    summaries, values = {}, {}
+    for system in systems:
+        path = Path(rows_dir) / f"{system.name.replace(':', '_').replace('/', '_')}.jsonl" if rows_dir else None
+        result = evaluate_program(system.program, examples, metric, lm=lm, threads=threads, results_path=path,
+                                  max_failure_rate=max_failure_rate, desc=system.name)
+        summaries[system.name] = result.summary
+        values[system.name] = [per_example(r) for r in result.rows]
+    base = systems[0].name
+    paired, score_ci = {}, {}
+    for system in systems:
+        mine = values[system.name]
+        paired[system.name] = {
+            m: paired_bootstrap_ci([v[m] for v in mine], [v[m] for v in values[base]], seed=seed)
+            for m in PAIRED_METRICS}
+        scores = [v["empathy"] for v in mine]
+        score_ci[system.name] = paired_bootstrap_ci(scores, [0.0] * len(scores), seed=seed)
+    compile_costs = {s.name: {"seconds": s.compile_seconds, "lm_calls": s.compile_lm_calls}
+                     for s in systems if s.compile_seconds is not None}
+    return QualityReport([s.name for s in systems], {s.name: s.description for s in systems}, summaries, paired,
+                         score_ci, compile_costs, dict(run or {}))
+
+
+def quality_charts(report: QualityReport, out_dir: str | Path) -> list[Path]:
+    """Two PNGs: empathy by system (with 95% CIs) and tokens per dialogue against empathy."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = report.systems
+    means = [report.score_ci[n][0] for n in names]
+    lows = [report.score_ci[n][0] - report.score_ci[n][1] for n in names]
+    highs = [report.score_ci[n][2] - report.score_ci[n][0] for n in names]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.4 * len(names)), 3.6))
+    ax.bar(range(len(names)), means, yerr=[lows, highs], capsize=4, color="#4c72b0")
+    ax.set_xticks(range(len(names)), names, rotation=20, ha="right")
+    ax.set_ylabel("empathy score (95% CI)")
+    ax.set_title(f"Empathy by system (n={report.summaries[names[0]]['n']})")
+    fig.tight_layout()
+    score_png = out / "bench_score.png"
+    fig.savefig(score_png, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for n in names:
+        s = report.summaries[n]
+        tokens = s.get("prompt_tokens_per_dialogue", 0) + s.get("completion_tokens_per_dialogue", 0)
+        ax.scatter([tokens], [s["empathy"]], s=40)
+        ax.annotate(n, (tokens, s["empathy"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("tokens per dialogue (prompt + completion)")
+    ax.set_ylabel("empathy score")
+    ax.set_title("Cost against quality")
+    fig.tight_layout()
+    cost_png = out / "bench_tokens_vs_score.png"
+    fig.savefig(cost_png, dpi=120)
+    plt.close(fig)
+    return [score_png, cost_png]
+
+
+def log_quality_to_mlflow(report: QualityReport, files: Sequence[Path], *, tracking_uri=None,
+                          experiment: str = BENCH_EXPERIMENT, params: dict | None = None) -> str:
+    """One parent run with the table and charts; one nested run per system (compare them in the UI)."""
+    import mlflow
+
+    from trace_dspy.tracking import log_params, mlflow_run, numeric_metrics
+
+    with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name="bench quality",
+                    tags={"trace_dspy.kind": "bench-quality"}) as parent:
+        log_params({**(params or {}), "systems": ",".join(report.systems), "baseline": report.baseline})
+        for name in report.systems:
+            with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name=name, nested=True,
+                            tags={"trace_dspy.kind": "bench-system", "trace_dspy.system": name}):
+                log_params({"system": name, "description": report.descriptions[name]})
+                metrics = numeric_metrics(report.summaries[name], "test")
+                for metric, (diff, low, high) in report.paired[name].items():
+                    metrics.update({f"vs_baseline/{metric}": diff, f"vs_baseline/{metric}_ci_low": low,
+                                    f"vs_baseline/{metric}_ci_high": high})
+                if name in report.compile:
+                    metrics.update(numeric_metrics(report.compile[name], "compile"))
+                mlflow.log_metrics(metrics)
+        for path in files:
+            mlflow.log_artifact(str(path))
+        return parent.info.run_id
+
+
+# ----------------------------------------------------------------------------- overhead
+
+class TimedEngine:
+    """Wraps an engine and adds the seconds spent inside it to a per-thread total."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self._local = threading.local()
+
+    def elapsed(self) -> float:
+        return getattr(self._local, "total", 0.0)
+
+    def complete(self, request):
+        started = time.perf_counter()
+        try:
+            return self.inner.complete(request)
+        finally:
+            self._local.total = self.elapsed() + time.perf_counter() - started
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _StageTimer:
+    """A DSPy callback: wall time and engine time of each stage predictor call."""
+
+    def __init__(self, names: dict[int, str], engine: TimedEngine):
+        self.names, self.engine = names, engine
+        self.open: dict[str, tuple[str, float, float]] = {}
+        self.samples: dict[str, list[float]] = defaultdict(list)
+
+    # DSPy looks these handlers up by name; the others default to no-ops.
+    def on_module_start(self, call_id, instance, inputs):
+        name = self.names.get(id(instance))
+        if name is not None:
+            self.open[call_id] = (name, time.perf_counter(), self.engine.elapsed())
+
+    def on_module_end(self, call_id, outputs, exception):
+        entry = self.open.pop(call_id, None)
+        if entry is not None:
+            name, started, engine_before = entry
+            wall = time.perf_counter() - started
+            self.samples[name].append(wall - (self.engine.elapsed() - engine_before))
+
+
+def _callback(timer: _StageTimer):
+    from dspy.utils.callback import BaseCallback
+
+    class Adapter(BaseCallback):
+        def on_module_start(self, call_id, instance, inputs):
+            timer.on_module_start(call_id, instance, inputs)
+
+        def on_module_end(self, call_id, outputs, exception=None):
+            timer.on_module_end(call_id, outputs, exception)
+
+    return Adapter()
+
+
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"mean_ms": 1000 * statistics.fmean(ordered), "median_ms": 1000 * statistics.median(ordered),
+            "p95_ms": 1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], "calls": len(ordered)}
+
+
+def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int = 3) -> dict[str, Any]:
+    """Time spent outside the LM, per stage call and per dialogue, with a zero-latency fake LM."""
+    from trace_dspy.testing import ScriptedEngine
+
+    if not examples:
+        raise ValueError("no examples")
+    engine = TimedEngine(ScriptedEngine())
+    lm = dspy.LM("fake/zero-latency", engine=engine, cache=False)
+    names = {id(p): n for n, p in program.named_predictors()}
+    timer = _StageTimer(names, engine)
+    callback = _callback(timer)
+    retriever = getattr(program, "retriever", None)
+    with dspy.context(lm=lm, callbacks=[callback]):
+        for ex in list(examples)[:warmup]:
+            program(dialogue=ex.dialogue)
+        timer.samples.clear()
+        per_dialogue, lm_seconds = [], 0.0
+        for ex in progress(examples, desc="overhead"):
+            engine_before = engine.elapsed()
+            started = time.perf_counter()
+            program(dialogue=ex.dialogue)
+            wall = time.perf_counter() - started
+            lm_time = engine.elapsed() - engine_before
+            lm_seconds += lm_time
+            per_dialogue.append(wall - lm_time)
+    stage_samples = [v for values in timer.samples.values() for v in values]
+    result = {
+        "dialogues": len(examples),
+        "stage_calls": len(stage_samples),
+        "per_stage": {name: _ms(values) for name, values in timer.samples.items()},
+        "per_stage_call": _ms(stage_samples),
+        "per_dialogue": _ms(per_dialogue),
+        "fake_lm_ms_per_call": 1000 * lm_seconds / max(1, len(stage_samples)),
+    }
+    if retriever is not None and program.config.retrieval.enabled:
+        searches = []
+        for ex in examples:
+            started = time.perf_counter()
+            retriever.search(ex.dialogue, emotion="sad", k=program.config.retrieval.k)
+            searches.append(time.perf_counter() - started)
+        result["retrieval"] = {**_ms(searches), "pool_items": len(retriever.items)}
+    return result
+
+
+def overhead_markdown(result: dict[str, Any]) -> str:
+    lines = ["| where | calls | mean ms | median ms | p95 ms |", "| --- | ---: | ---: | ---: | ---: |"]
+    rows = [*(("stage " + k, v) for k, v in result["per_stage"].items()),
+            ("any stage call", result["per_stage_call"]), ("whole dialogue", result["per_dialogue"])]
+    if "retrieval" in result:
+        rows.append((f"retrieval search ({result['retrieval']['pool_items']} items)", result["retrieval"]))
+    for name, v in rows:
+        lines.append(f"| {name} | {v['calls']} | {v['mean_ms']:.2f} | {v['median_ms']:.2f} | {v['p95_ms']:.2f} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- concurrency
+
+def measure_concurrency(examples: Sequence[dspy.Example], program, *, levels: Sequence[int] = (1, 2, 4, 8, 16, 32),
+                        latency: float = 0.2, per_thread: int = 4, min_dialogues: int = 8) -> dict[str, Any]:
+    """Dialogues per second at each thread count against a loopback server with a fixed latency."""
+    from trace_dspy.fake_server import FakeChatServer
+
+    if not examples or not levels or min(levels) < 1:
+        raise ValueError("need examples and thread counts >= 1")
+    results = []
+    with FakeChatServer(latency=latency) as server:
+        lm = dspy.LM("openai/fake", api_base=server.api_base, api_key="unused", cache=False, num_retries=0)
+        with dspy.context(lm=lm):
+            program(dialogue=examples[0].dialogue)  # warm up the client and its connection pool
+            for threads in progress(levels, desc="concurrency"):
+                count = max(min_dialogues, per_thread * threads)
+                batch = [examples[i % len(examples)] for i in range(count)]
+                requests_before = server.requests
+                work = with_dspy_context(lambda ex: program(dialogue=ex.dialogue))
+                started = time.perf_counter()
+                with ThreadPoolExecutor(max_workers=threads) as pool:
+                    list(pool.map(work, batch))
+                wall = time.perf_counter() - started
+                results.append({"threads": threads, "dialogues": count, "seconds": wall,
+                                "dialogues_per_second": count / wall,
+                                "lm_calls": server.requests - requests_before})
+    base = results[0]["dialogues_per_second"]
+    for r in results:
+        r["speedup"] = r["dialogues_per_second"] / base
+    return {"latency_s": latency, "levels": results}
+
+
+def concurrency_markdown(result: dict[str, Any]) -> str:
+    lines = ["| threads | dialogues | LM calls | seconds | dialogues/s | speedup vs 1 |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in result["levels"]:
+        lines.append(f"| {r['threads']} | {r['dialogues']} | {r['lm_calls']} | {r['seconds']:.2f} | "
+                     f"{r['dialogues_per_second']:.2f} | {r['speedup']:.1f}x |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- compile
+
+def measure_compile(make_config, *, cache_dir: str | Path) -> dict[str, Any]:
+    """Wall time and LM calls of a compile with an empty DSPy cache, then of the same compile again.
+
+    ``make_config(run)`` returns the CompileConfig of run 'cold' or 'warm'. The
+    second run gets a fresh in-memory cache over the same disk cache, as a new
+    process would.
+    """
+    from trace_dspy.compile import run_compile
+
+    previous = dspy.cache
+    runs = {}
+    try:
+        for run in ("cold", "warm"):
+            dspy.configure_cache(enable_disk_cache=True, enable_memory_cache=True, disk_cache_dir=str(cache_dir))
+            started = time.perf_counter()
+            result, calls = count_lm_calls(run_compile, make_config(run))
+            runs[run] = {"seconds": time.perf_counter() - started, "lm_calls": calls,
+                         "dev_before": result.before["empathy"], "dev_after": result.after["empathy"]}
+    finally:
+        dspy.cache = previous
+    return runs
+
+
+def compile_markdown(result: dict[str, Any]) -> str:
+    lines = ["| run | wall seconds | LM calls | dev before | dev after |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name, r in result.items():
+        lines.append(f"| {name} cache | {r['seconds']:.1f} | {r['lm_calls']} | {r['dev_before']:.4f} | "
+                     f"{r['dev_after']:.4f} |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected integers >= 1")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trace_dspy.cli import add_model_args
+    from trace_dspy.evaluate import add_data_args, add_tracking_args
+
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for name, help_text in (("quality", "compare systems on the same ED test subset (the default)"),
+                            ("overhead", "framework time per stage call with a zero-latency fake LM"),
+                            ("concurrency", "throughput by thread count against a loopback fake server"),
+                            ("embedded", "the embedded model against raw llama.cpp (bench_local)"),
+                            ("compile", "wall time and LM calls of the default compile, cold then warm cache")):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == "embedded":
+            continue  # its flags belong to trace_dspy.bench_local
+        p.add_argument("--output-dir", type=Path, help="where tables and JSON go (default runs/bench)")
+        p.add_argument("-v", "--verbose", action="store_true")
+        add_data_args(p)
+        if name in ("quality", "compile"):
+            add_model_args(p)
+        add_tracking_args(p)
+        p.set_defaults(experiment=BENCH_EXPERIMENT)
+        if name == "quality":
+            p.add_argument("--limit", type=int, default=200, help="test samples, seeded (default 200)")
+            p.add_argument("--view", choices=("trace", "cem"), default="trace")
+            p.add_argument("--systems", type=_names, default=list(BASE_SYSTEMS),
+                           help=f"uncompiled systems, the first is the baseline (default {','.join(BASE_SYSTEMS)})")
+            p.add_argument("--optimizers", type=_names, default=["labeled", "bootstrap"],
+                           help="compile TraceProgram with each (default labeled,bootstrap; '' for none)")
+            p.add_argument("--artifact", action="append", default=[], metavar="REF",
+                           help="also compare a compiled artifact (repeatable)")
+            p.add_argument("--train", type=int, default=16, help="train examples for the optimizers")
+            p.add_argument("--dev", type=int, default=16, help="dev examples for the optimizers")
+            p.add_argument("--threads", type=int, default=1,
+                           help="evaluation threads (default 1, so that seconds per dialogue are not shared)")
+            p.add_argument("--max-failure-rate", type=float, default=0.5)
+            p.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run")
+        elif name == "overhead":
+            p.add_argument("--dialogues", type=int, default=100)
+            p.add_argument("--warmup", type=int, default=3)
+        elif name == "concurrency":
+            p.add_argument("--latency", type=float, default=0.2, help="server latency per call, seconds")
+            p.add_argument("--levels", type=_int_list, default=[1, 2, 4, 8, 16, 32], help="thread counts")
+            p.add_argument("--per-thread", type=int, default=4, help="dialogues per thread at each level")
+        elif name == "compile":
+            p.add_argument("--optimizer", default=None, help="default: the compile command's default")
+            p.add_argument("--train", type=int, default=16)
+            p.add_argument("--dev", type=int, default=16)
+    return parser
+
+
+def _finish(args, argv, name: str, result: dict[str, Any], table: str, extra_files=()) -> int:
+    out_dir = args.output_dir or Path("runs/bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"command": "python -m trace_dspy.bench " + shlex.join(argv), "machine": _machine(), "result": result}
+    atomic_write_json(out_dir / f"{name}.json", record)
+    (out_dir / f"{name}.md").write_text(f"`{record['command']}`\n\n{table}\n", encoding="utf-8")
+    print(table)
+    print(f"\n{name}.md and {name}.json in {out_dir}")
+    if not args.no_mlflow and name != "quality":
+        try:
+            import mlflow
+
+            from trace_dspy.tracking import mlflow_run
+
+            with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment, run_name=f"bench {name}",
+                            tags={"trace_dspy.kind": f"bench-{name}"}):
+                mlflow.log_metrics(_flat_numbers(result))
+                mlflow.log_artifact(str(out_dir / f"{name}.json"))
+        except Exception as exc:
+            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
+                  file=sys.stderr)
+    return 0
+
+
+def _flat_numbers(data, prefix: str = "") -> dict[str, float]:
+    out = {}
+    items = data.items() if isinstance(data, dict) else enumerate(data)
+    for key, value in items:
+        if isinstance(data, list) and isinstance(value, dict) and "threads" in value:
+            key = f"threads_{value['threads']}"
+        name = f"{prefix}{key}"
+        if isinstance(value, (dict, list)):
+            out.update(_flat_numbers(value, name + "/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name.replace(" ", "_")] = float(value)
+    return out
+
+
+def _machine() -> dict[str, Any]:
+    import os
+
+    return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
+            "dspy": dspy.__version__}
+
+
+def _data_and_program(args, settings: Settings):
+    from trace_dspy.artifacts import default_retriever
+    from trace_dspy.data import load_test, resolve_source
+    from trace_dspy.program import TraceProgram
+
+    source = resolve_source(settings.data_source(args.data), seed=args.seed)
+    retriever = default_retriever(settings.program, source, seed=args.seed)
+    return source, retriever, TraceProgram(settings.program, retriever=retriever), load_test
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trace_dspy.cli import settings_from_args, setup_logging
+    from trace_dspy.config import ConfigError
+    from trace_dspy.data import DataError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["quality", *argv]
+    if argv[0] == "embedded":
+        from trace_dspy import bench_local
+
+        return bench_local.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if not hasattr(args, "lm"):  # sub-commands that always use fake LMs
+        for key in ("config", "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm",
+                    "prompt_lm"):
+            setattr(args, key, None)
+    try:
+        settings = settings_from_args(args)
+        if args.command == "quality":
+            return _quality(args, argv, settings)
+        if args.command == "overhead":
+            if args.dialogues < 1:
+                return fail("--dialogues must be at least 1")
+            source, _, program, load_test = _data_and_program(args, settings)
+            examples = load_test(source, limit=args.dialogues, seed=args.seed)
+            result = measure_overhead(examples, program, warmup=args.warmup)
+            return _finish(args, argv, "overhead", result, overhead_markdown(result))
+        if args.command == "concurrency":
+            if args.latency < 0 or args.per_thread < 1:
+                return fail("--latency must be >= 0 and --per-thread >= 1")
+            source, _, program, load_test = _data_and_program(args, settings)
+            examples = load_test(source, limit=64, seed=args.seed)
+            result = measure_concurrency(examples, program, levels=args.levels, latency=args.latency,
+                                         per_thread=args.per_thread)
+            return _finish(args, argv, "concurrency", result, concurrency_markdown(result))
+        if args.command == "compile":
+            return _compile(args, argv, settings)
+    except (ConfigError, DataError, FileNotFoundError, ValueError, ImportError) as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        print("\ninterrupted; finished quality rows are kept and a rerun resumes them", file=sys.stderr)
+        return 130
+    return fail(f"unknown command {args.command!r}")
+
+
+def _quality(args, argv, settings: Settings) -> int:
+    from trace_dspy.artifacts import default_retriever
+    from trace_dspy.data import load_splits, load_test, resolve_source
+    from trace_dspy.evaluate import build_metric
+    from trace_dspy.evaluation import FailureRateExceeded
+    from trace_dspy.lms import LMSet
+    from trace_dspy.optimize.optimizers import OPTIMIZERS
+
+    if args.limit < 1:
+        return fail("--limit must be at least 1")
+    unknown = [s for s in args.systems if s not in BASE_SYSTEMS] + [o for o in args.optimizers if o not in OPTIMIZERS]
+    if unknown:
+        return fail(f"unknown system or optimizer: {', '.join(unknown)}; systems: {', '.join(BASE_SYSTEMS)}; "
+                    f"optimizers: {', '.join(OPTIMIZERS)}")
+    source = resolve_source(settings.data_source(args.data), seed=args.seed)
+    examples = load_test(source, view=args.view, limit=args.limit, seed=args.seed)
+    lms = LMSet(without_cache(settings.lm))
+    metric = build_metric(settings, lms)
+    retriever = default_retriever(settings.program, source, seed=args.seed)
+    splits = load_splits(source, seed=args.seed, train_size=args.train, dev_size=args.dev) if args.optimizers else None
+    out_dir = args.output_dir or Path("runs/bench")
+    rows_dir = out_dir / "quality_rows"
+    if args.fresh and rows_dir.exists():
+        for path in rows_dir.glob("*.jsonl"):
+            path.unlink()
+    run = {"data": source.describe(), "view": args.view, "limit": len(examples), "seed": args.seed,
+           "lm": settings.lm.to_dict(), "program": settings.program.to_dict(), "train": args.train, "dev": args.dev}
+    print(f"bench: {len(examples)} {args.view} test examples ({source.kind}: {source.location}); "
+          f"rows in {rows_dir}", file=sys.stderr)
+    systems = build_systems(args.systems, args.optimizers, args.artifact, settings=settings, lms=lms,
+                            retriever=retriever, train=splits.train if splits else (),
+                            dev=splits.dev if splits else (), metric=metric,
+                            optimizer_settings=settings.raw.get("optimizer"),
+                            log=lambda m: print(m, file=sys.stderr))
+    try:
+        report = run_quality(systems, examples, metric, lm=lms.default, threads=args.threads, rows_dir=rows_dir,
+                             max_failure_rate=args.max_failure_rate, seed=args.seed, run=run)
+    except FailureRateExceeded as exc:
+        return fail(str(exc), code=1)
+    charts = quality_charts(report, out_dir)
+    table = report.markdown()
+    code = _finish(args, argv, "quality", report.to_dict(), table)
+    print("charts: " + ", ".join(str(c) for c in charts))
+    if not args.no_mlflow:
+        try:
+            run_id = log_quality_to_mlflow(report, [*charts, out_dir / "quality.md", out_dir / "quality.json"],
+                                           tracking_uri=args.tracking_uri, experiment=args.experiment,
+                                           params=run)
+            print(f"mlflow run {run_id} (experiment {args.experiment})")
+        except Exception as exc:
+            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
+                  file=sys.stderr)
+    return code
+
+
+def _compile(args, argv, settings: Settings) -> int:
+    from trace_dspy.compile import CompileConfig
+    from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig
+
+    optimizer = OptimizerConfig.from_dict({**(settings.raw.get("optimizer") or {}),
+                                           "name": args.optimizer or DEFAULT_OPTIMIZER})
+    with tempfile.TemporaryDirectory(prefix="trace-bench-compile-") as tmp:
+        def make_config(run: str) -> CompileConfig:
+            return CompileConfig(settings=settings, optimizer=optimizer, data=settings.data_source(args.data),
+                                 train=args.train, dev=args.dev, seed=args.seed, name=f"bench-{run}",
+                                 artifacts_dir=str(Path(tmp) / "artifacts"), mlflow=False,
+                                 command="python -m trace_dspy.bench " + shlex.join(argv))
+
+        result = measure_compile(make_config, cache_dir=Path(tmp) / "cache")
+    result = {**result, "optimizer": optimizer.settings(), "train": args.train, "dev": args.dev}
+    table = compile_markdown({k: v for k, v in result.items() if k in ("cold", "warm")})
+    return _finish(args, argv, "compile", result, table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""A loopback OpenAI-compatible chat server with a fixed latency, for benchmarks and tests.
+
+It answers ``POST /v1/chat/completions`` with the scripted answers of
+``trace_dspy.testing.ScriptedEngine`` after sleeping ``latency`` seconds, so
+that a program reached through ``dspy.LM("openai/...", api_base=...)`` runs
+end to end over real HTTP while the model costs nothing but the wait. Every
+request is served on its own thread, so the server itself never limits
+concurrency.
+
+    with FakeChatServer(latency=0.2) as server:
+        lm = dspy.LM("openai/fake", api_base=server.api_base, api_key="unused", cache=False)
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from typing import Any
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections as they would with a real provider
+    server: _Server
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+            messages = body["messages"]
+        except (ValueError, KeyError, TypeError):
+            self._send(400, {"error": {"message": "expected a JSON body with 'messages'"}})
+            return
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        time.sleep(self.server.latency)
+        system = "".join(_text(m) for m in messages if m.get("role") == "system")
+        users = [_text(m) for m in messages if m.get("role") == "user"]
+        text = self.server.engine.reply_text(system, users[-1] if users else "")
+        n_in = sum(len(_text(m).split()) for m in messages)
+        n_out = len(text.split())
+        with self.server.lock:
+            self.server.requests += 1
+        self._send(200, {
+            "id": f"fake-{self.server.requests}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "fake"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
+        })
+
+    def do_GET(self):
+        if self.path.rstrip("/").endswith("/models"):
+            self._send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        else:
+            self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content") or ""
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return str(content)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+    latency: float
+    engine: Any
+    lock: threading.Lock
+    requests: int
+
+
+class FakeChatServer:
+    """Start on a free 127.0.0.1 port; use as a context manager (or call ``close``)."""
+
+    def __init__(self, latency: float = 0.2, engine=None):
+        from trace_dspy.testing import ScriptedEngine
+
+        if latency < 0:
+            raise ValueError("latency must be >= 0")
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.latency = latency
+        self._server.engine = engine or ScriptedEngine()
+        self._server.lock = threading.Lock()
+        self._server.requests = 0
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-chat-server", daemon=True)
+        self._thread.start()
+
+    @property
+    def api_base(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    @property
+    def requests(self) -> int:
+        return self._server.requests
+
+    @property
+    def engine(self):
+        return self._server.engine
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeChatServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
