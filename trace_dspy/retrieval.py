@@ -150,7 +150,8 @@ class ExemplarIndex:
     def _top(self, query, mask: np.ndarray, k: int) -> list[int]:
         n = min(len(self.items), max(k, 1))
         with self._lock:  # bm25s keeps per-call state
-            docs, scores = self.retriever.retrieve(query, k=n, weight_mask=mask, show_progress=False, n_threads=1)
+            # n_threads=0 scores in this thread; 1 would start a thread pool on every search.
+            docs, scores = self.retriever.retrieve(query, k=n, weight_mask=mask, show_progress=False, n_threads=0)
         return [int(d) for d, s in zip(docs[0], scores[0]) if s > 0 and mask[int(d)] > 0]
 
 
