@@ -1,0 +1,39 @@
+"""Run a ``python -m trace_dspy.<command>`` with every model replaced by a scripted fake.
+
+    python tests/fake_cli.py trace_dspy.chat --program default
+
+Used by the tests that drive commands as a person would (through a pty or a
+pipe), where monkeypatching in the test process cannot reach. The fake echoes
+the speaker's last turn as the reply; a turn containing "boom" makes the model
+call fail, and one containing "slow" makes it hang for two minutes, so that a
+test can interrupt it.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+import time
+
+from trace_dspy import lms
+from trace_dspy.testing import fake_lm
+
+
+def responder(outputs, inputs):
+    dialogue = inputs.get("dialogue", "")
+    last = dialogue.splitlines()[-1] if dialogue else ""
+    if "boom" in last:
+        raise RuntimeError("backend exploded")
+    if "response" in outputs:
+        if "slow" in last:
+            time.sleep(120)
+        return {"response": "heard: " + last.split(": ", 1)[-1]}
+    return {}
+
+
+if __name__ == "__main__":
+    lm, _ = fake_lm(responder)
+    lms.build_lm = lambda spec: lm
+    module = sys.argv[1]
+    sys.argv = [module, *sys.argv[2:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

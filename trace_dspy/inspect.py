@@ -1,0 +1,354 @@
+"""Show what a compiled artifact holds, or what changed between two of them.
+
+    python -m trace_dspy.inspect trace-dspy@v1
+    python -m trace_dspy.inspect trace-dspy@v1 trace-dspy@v2      # diff
+    python -m trace_dspy.inspect --json champion
+
+One reference prints the manifest (optimizer and its settings, dev scores
+before and after, data, config, versions, git commit, MLflow run) and, per
+stage, its instructions and number of demos. Two references print what the
+second changed against the first: per stage, a unified diff of the
+instructions and the change in demos; then the manifest fields that differ and
+the dev scores side by side. Nothing is loaded but JSON; no model is built.
+
+(Run as ``python -m trace_dspy.inspect``; inside the package the standard
+library's ``inspect`` is still the one that ``import inspect`` finds, since the
+package only uses absolute imports.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trace_dspy.artifacts import (
+    ArtifactError,
+    read_manifest,
+    read_program_state,
+    resolve_local,
+)
+
+# The scores shown by default, in this order; --json has all of them.
+SCORE_KEYS = ("empathy", "emotion", "rules", "similarity", "relevance", "emotion_acc", "group_acc",
+              "bleu1", "rouge_l", "dist1", "dist2")
+# Manifest fields that always differ between versions, or are shown elsewhere.
+_NOT_DIFFED = {"version", "created", "scores", "predictors"}
+
+
+@dataclass
+class Artifact:
+    ref: str
+    path: Path
+    manifest: dict[str, Any]
+    state: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"{self.manifest.get('name')}@v{self.manifest.get('version')}"
+
+    def stages(self) -> dict[str, dict[str, Any]]:
+        """name -> instructions, demos, field descriptions, in pipeline order when known."""
+        out = {}
+        for name in _pipeline_order(k for k in self.state if k != "metadata"):
+            entry = self.state.get(name) or {}
+            signature = entry.get("signature") or {}
+            out[name] = {
+                "instructions": str(signature.get("instructions", "")),
+                "demos": entry.get("demos") or [],
+                "fields": signature.get("fields") or [],
+            }
+        return out
+
+
+def _pipeline_order(names) -> list[str]:
+    from trace_dspy.config import STAGES
+
+    order = {s: i for i, s in enumerate(STAGES)}
+    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
+
+
+def open_artifact(ref: str, *, root: str | None = None, tracking_uri: str | None = None) -> Artifact:
+    """Find an artifact by any load reference and read its two JSON files."""
+    if ref == "champion" or ref.startswith(("models:/", "runs:/")):
+        from trace_dspy.registry import fetch_artifact
+
+        folder = fetch_artifact(ref, tracking_uri=tracking_uri)
+    else:
+        folder = resolve_local(ref, root)
+    manifest = read_manifest(folder)
+    state = read_program_state(folder)
+    return Artifact(ref, folder, manifest, state)
+
+
+# ---------------------------------------------------------------- one artifact
+
+
+def summary(art: Artifact) -> dict[str, Any]:
+    """Everything ``inspect REF`` shows, as plain data."""
+    m = art.manifest
+    config = m.get("config") or {}
+    data = dict(m.get("data") or {})
+    ids = {k: len(data.pop(k) or []) for k in ("train_ids", "dev_ids") if k in data}
+    return {
+        "ref": art.ref,
+        "path": str(art.path),
+        "name": m.get("name"),
+        "version": m.get("version"),
+        "created": m.get("created"),
+        "optimizer": m.get("optimizer") or config.get("optimizer"),
+        "metric": m.get("metric"),
+        "scores": m.get("scores") or {},
+        "data": {**data, **{k.replace("_ids", ""): n for k, n in ids.items()}},
+        "config": {k: config.get(k) for k in ("program", "lm", "data", "run") if k in config},
+        "retrieval": m.get("retrieval"),
+        "dspy": (m.get("packages") or {}).get("dspy"),
+        "packages": m.get("packages") or {},
+        "git_commit": m.get("git_commit"),
+        "mlflow": m.get("mlflow") or {},
+        "command": m.get("command"),
+        "stages": {name: {"instructions": s["instructions"], "demos": len(s["demos"])}
+                   for name, s in art.stages().items()},
+    }
+
+
+def _settings(optimizer: dict[str, Any] | None) -> str:
+    if not optimizer:
+        return "none recorded"
+    rest = ", ".join(f"{k}={v}" for k, v in optimizer.items() if k != "name")
+    return f"{optimizer.get('name', '?')}" + (f" ({rest})" if rest else "")
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-" if value is None else str(value)
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def _delta(a: Any, b: Any) -> str:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return f"{b - a:+.3f}" if max(abs(a), abs(b)) < 10 else f"{b - a:+.1f}"
+    return ""
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  " + "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                              for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _models(config: dict[str, Any]) -> str:
+    lm = config.get("lm") or {}
+    default = (lm.get("default") or {}).get("model", "?")
+    stages = {k: (v or {}).get("model") for k, v in (lm.get("stages") or {}).items()}
+    extra = "".join(f", {k}: {v}" for k, v in stages.items())
+    return f"{default}{extra}"
+
+
+def _program_switches(program: dict[str, Any]) -> str:
+    if not program:
+        return "-"
+    retrieval = program.get("retrieval") or {}
+    parts = [f"adapter {program.get('adapter', 'auto')}",
+             f"retrieval {'k=' + str(retrieval.get('k')) if retrieval.get('enabled') else 'off'}"]
+    for key in ("reasoning", "disabled"):
+        if program.get(key):
+            parts.append(f"{key} {', '.join(program[key])}")
+    if program.get("commonsense"):
+        parts.append("commonsense")
+    if program.get("reflection"):
+        parts.append(f"reflection ({program.get('reflection_rounds')} rounds)")
+    return ", ".join(parts)
+
+
+def render_summary(art: Artifact) -> str:
+    s = summary(art)
+    scores = s["scores"]
+    before, after = scores.get("dev_before") or {}, scores.get("dev_after") or {}
+    data = s["data"]
+    mlflow = s["mlflow"]
+    rows = [
+        ("path", s["path"]),
+        ("created", s["created"]),
+        ("optimizer", _settings(s["optimizer"])),
+        ("metric", (s["metric"] or {}).get("name", "-")),
+        ("data", f"{data.get('kind', '?')} {data.get('fingerprint', '')}".rstrip()
+         + (f" ({data['train']} train, {data['dev']} dev)" if "train" in data and "dev" in data else "")),
+        ("program", _program_switches((s["config"] or {}).get("program") or {})),
+        ("models", _models(s["config"])),
+        ("dspy", s["dspy"] or "-"),
+        ("git commit", s["git_commit"] or "-"),
+        ("mlflow run", (f"{mlflow['run_id']} (experiment {mlflow.get('experiment')}, "
+                        f"registry version {mlflow.get('registry_version')})") if mlflow.get("run_id") else "-"),
+        ("command", s["command"] or "-"),
+    ]
+    out = [f"{art.label}  ({art.ref})" if art.ref != art.label else art.label]
+    out += [f"  {k:<11} {v}" for k, v in rows]
+    if before or after:
+        n = after.get("n", before.get("n"))
+        out += ["", f"dev scores ({n} items)"]
+        keys = [k for k in SCORE_KEYS if k in before or k in after]
+        out += _table(["metric", "before", "after", "change"],
+                      [[k, _num(before.get(k)), _num(after.get(k)), _delta(before.get(k), after.get(k))]
+                       for k in keys])
+    out += ["", "stages"]
+    for name, stage in art.stages().items():
+        n = len(stage["demos"])
+        out.append(f"  {name}: {n} demo{'s' * (n != 1)}")
+        out += [f"    {line}" for line in stage["instructions"].splitlines()]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- two artifacts
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 4:
+        return f"[{len(value)} items]"
+    text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _demo_key(demo: dict[str, Any]) -> str:
+    return json.dumps(demo, sort_keys=True, ensure_ascii=False)
+
+
+def diff(a: Artifact, b: Artifact) -> dict[str, Any]:
+    """What changed from ``a`` to ``b``: stages, manifest fields, dev scores."""
+    stages_a, stages_b = a.stages(), b.stages()
+    stages: dict[str, Any] = {}
+    for name in _pipeline_order(set(stages_a) | set(stages_b)):
+        sa, sb = stages_a.get(name), stages_b.get(name)
+        if sa is None or sb is None:
+            stages[name] = {"only_in": b.label if sa is None else a.label}
+            continue
+        keys_a = Counter(_demo_key(d) for d in sa["demos"])
+        keys_b = Counter(_demo_key(d) for d in sb["demos"])
+        changed = sa["instructions"] != sb["instructions"]
+        stages[name] = {
+            "instructions_changed": changed,
+            "instructions_diff": "\n".join(difflib.unified_diff(
+                sa["instructions"].splitlines(), sb["instructions"].splitlines(),
+                fromfile=f"{a.label}/{name}", tofile=f"{b.label}/{name}", lineterm="")) if changed else "",
+            "demos": [len(sa["demos"]), len(sb["demos"])],
+            "demos_new": sum((keys_b - keys_a).values()),
+            "demos_dropped": sum((keys_a - keys_b).values()),
+            "fields_changed": sa["fields"] != sb["fields"],
+        }
+    flat_a = _flatten({k: v for k, v in a.manifest.items() if k not in _NOT_DIFFED})
+    flat_b = _flatten({k: v for k, v in b.manifest.items() if k not in _NOT_DIFFED})
+    manifest = {k: [flat_a.get(k), flat_b.get(k)] for k in sorted(set(flat_a) | set(flat_b))
+                if flat_a.get(k) != flat_b.get(k)}
+    scores = {}
+    for split in ("dev_before", "dev_after"):
+        sa = (a.manifest.get("scores") or {}).get(split) or {}
+        sb = (b.manifest.get("scores") or {}).get(split) or {}
+        scores[split] = {k: [sa.get(k), sb.get(k)] for k in sorted(set(sa) | set(sb))
+                         if isinstance(sa.get(k, sb.get(k)), (int, float))}
+    data_a, data_b = a.manifest.get("data") or {}, b.manifest.get("data") or {}
+    same_dev = (data_a.get("fingerprint") == data_b.get("fingerprint")
+                and data_a.get("dev_ids") == data_b.get("dev_ids"))
+    return {"from": summary_head(a), "to": summary_head(b), "stages": stages, "manifest": manifest,
+            "scores": scores, "same_dev_set": same_dev}
+
+
+def summary_head(art: Artifact) -> dict[str, Any]:
+    return {"ref": art.ref, "path": str(art.path), "name": art.manifest.get("name"),
+            "version": art.manifest.get("version"), "created": art.manifest.get("created")}
+
+
+def render_diff(a: Artifact, b: Artifact) -> str:
+    d = diff(a, b)
+    out = [f"{a.label} -> {b.label}", "", "stages"]
+    for name, s in d["stages"].items():
+        if "only_in" in s:
+            out.append(f"  {name}: only in {s['only_in']}")
+            continue
+        na, nb = s["demos"]
+        demos = f"demos {na} -> {nb}" if na != nb else f"demos {na}"
+        churn = [f"{s['demos_new']} new"] * bool(s["demos_new"]) + [f"{s['demos_dropped']} dropped"] * bool(
+            s["demos_dropped"])
+        if churn:
+            demos += f" ({', '.join(churn)})"
+        what = ["instructions changed" if s["instructions_changed"] else "instructions unchanged", demos]
+        if s["fields_changed"]:
+            what.append("field descriptions changed")
+        out.append(f"  {name}: {', '.join(what)}")
+        out += [f"    {line}" for line in s["instructions_diff"].splitlines()]
+    out += ["", "manifest"]
+    if d["manifest"]:
+        width = max(len(k) for k in d["manifest"])
+        out += [f"  {k:<{width}}  {_short(va)} -> {_short(vb)}" for k, (va, vb) in d["manifest"].items()]
+    else:
+        out.append("  no differences besides version and creation time")
+    after = d["scores"]["dev_after"]
+    before = d["scores"]["dev_before"]
+    keys = [k for k in SCORE_KEYS if k in after or k in before]
+    if keys:
+        out += ["", "dev scores (after compiling)" + ("" if d["same_dev_set"] else
+                                                       "; the dev sets differ, so compare with care")]
+        rows = []
+        for k in keys:
+            va, vb = after.get(k, [None, None])
+            rows.append([k, _num(va), _num(vb), _delta(va, vb)])
+        out += _table(["metric", a.label, b.label, "change"], rows)
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.inspect", description=__doc__.split("\n\n")[0])
+    parser.add_argument("refs", nargs="+", metavar="REF",
+                        help="an artifact: NAME@vN, NAME@latest, an artifact folder, a program.json, champion, "
+                             "models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID; give two to diff them")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--artifacts-dir", help="where NAME@vN is looked up (default: $TRACE_DSPY_ARTIFACTS, "
+                                                "else ./artifacts, then the checkout's)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI for champion/models:/runs:/ references")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if len(args.refs) > 2:
+        print("error: give one reference to show, or two to diff", file=sys.stderr)
+        return 2
+    from trace_dspy.cli import setup_logging
+
+    setup_logging(False)
+    try:
+        arts = [open_artifact(ref, root=args.artifacts_dir, tracking_uri=args.tracking_uri) for ref in args.refs]
+    except ArtifactError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if len(arts) == 1:
+        text = json.dumps(summary(arts[0]), indent=2, ensure_ascii=False) if args.json else render_summary(arts[0])
+    else:
+        text = json.dumps(diff(*arts), indent=2, ensure_ascii=False) if args.json else render_diff(*arts)
+    try:
+        print(text)
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stderr.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
