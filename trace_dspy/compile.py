@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import dspy
+from dspy.utils.exceptions import DSPyError
 
 from trace_dspy.cli import Settings, add_model_args, fail, settings_from_args, setup_logging
 from trace_dspy.config import ConfigError
@@ -146,6 +147,10 @@ class CompileResult:
         return format_table({"before": self.before, "after": self.after}, keys)
 
 
+class CompileFailed(RuntimeError):
+    """The optimizer could not finish (e.g. too many failed LM calls)."""
+
+
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -182,8 +187,13 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                                       desc="dev before")
             _log(f"2/4 compiling with {cfg.optimizer.name}")
             with dspy.context(lm=lms.default):
-                compiled = compile_program(cfg.optimizer, program, metric, splits.train, splits.dev,
-                                           prompt_lm=prompt_lm)
+                try:
+                    compiled = compile_program(cfg.optimizer, program, metric, splits.train, splits.dev,
+                                               prompt_lm=prompt_lm)
+                except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
+                    first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
+                    raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
+                                        f"{first}") from exc
             _log("3/4 evaluating the compiled program on dev")
             after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                      results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
@@ -291,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         result = run_compile(cfg)
     except (ConfigError, DataError, ValueError, ImportError) as exc:
         return fail(str(exc))
-    except FailureRateExceeded as exc:
-        return fail(str(exc), code=1)
+    except FailureRateExceeded as exc:  # its rows lived in a temporary folder: nothing to resume
+        return fail(f"{exc.reason} No artifact version was written.", code=1)
+    except CompileFailed as exc:
+        return fail(f"{exc} No artifact version was written.", code=1)
     except KeyboardInterrupt:
         _log("\ninterrupted: no artifact version was written (versions appear only when complete)")
         return 130

@@ -23,6 +23,7 @@ _PREFIX = re.compile(r"^\s*(speaker|listener|seeker|responder|user|assistant)\s*
 # A single message longer than this is refused rather than sent to a model
 # whose context it could never fit (SmolLM2 reads 8k tokens).
 MAX_DIALOGUE_CHARS = 20_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class DialogueError(ValueError):
@@ -64,6 +65,9 @@ def parse_dialogue(dialogue: str | Sequence[str] | Sequence[Mapping[str, str]]) 
     for i, turn in enumerate(turns, 1):
         if not turn.text:
             raise DialogueError(f"turn {i} ({turn.role}) is empty")
+        if _SURROGATE.search(turn.text):
+            # Undecodable bytes (decoded with surrogateescape) or a lone surrogate escape in JSON: no model takes it.
+            raise DialogueError(f"turn {i} ({turn.role}) is not valid UTF-8 text; is it binary data?")
     if turns[-1].role != SPEAKER:
         raise DialogueError(
             "the last turn must be the speaker's: the program writes the listener's next reply"

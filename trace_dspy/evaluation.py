@@ -42,7 +42,22 @@ MIN_EXAMPLES_FOR_FAILURE_STOP = 10
 
 
 class FailureRateExceeded(RuntimeError):
-    """Too many examples failed for the score to mean anything."""
+    """Too many examples failed for the score to mean anything.
+
+    ``reason`` is the message without the note on where finished rows are kept.
+    """
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def _too_many_failures(failures: int, finished: int, limit: float, first_error: str,
+                       results_path) -> FailureRateExceeded:
+    reason = (f"{failures} of {finished} examples failed (more than {limit:.0%}); stopping instead of "
+              f"reporting a misleading score. First error: {first_error}.")
+    kept = f" Finished rows are kept in {results_path}; rerun to resume." if results_path else ""
+    return FailureRateExceeded(reason + kept, reason)
 
 
 @dataclass
@@ -141,15 +156,15 @@ def evaluate_program(
                     for fut in pending:
                         fut.cancel()
                     sample = next(r["error"] for r in rows.values() if "error" in r)
-                    raise FailureRateExceeded(
-                        f"{failures} of {finished_count} examples failed (more than {max_failure_rate:.0%}); "
-                        f"stopping instead of reporting a misleading score. First error: {sample}. "
-                        + (f"Finished rows are kept in {results_path}; rerun to resume." if results_path else "")
-                    )
+                    raise _too_many_failures(failures, finished_count, max_failure_rate, sample, results_path)
     finally:
         if writer:
             writer.close()
     ordered = [rows[i] for i in ids]
+    # Runs too short for the early stop are judged once they are complete.
+    failed = [r["error"] for r in ordered if "error" in r]
+    if max_failure_rate is not None and ordered and len(failed) / len(ordered) > max_failure_rate:
+        raise _too_many_failures(len(failed), len(ordered), max_failure_rate, failed[0], results_path)
     return EvalResult(summarize(ordered), ordered, Path(results_path) if results_path else None)
 
 

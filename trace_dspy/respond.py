@@ -209,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
 
     message = " ".join(args.message)
     if message == "-":
-        message = sys.stdin.read()
+        # Bytes, so that undecodable input reaches the dialogue check (a clear error) in any locale.
+        raw = getattr(sys.stdin, "buffer", None)
+        message = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
     message = message.replace("\\n", "\n")
     try:
         with dspy.context(lm=default_lm):

@@ -150,3 +150,188 @@ def fake_lm(responder: Responder | None = None, **answers: Any) -> tuple[dspy.LM
     """A ``dspy.LM`` backed by a fresh ScriptedEngine (no cache), and the engine."""
     engine = ScriptedEngine(responder=responder, answers=answers)
     return dspy.LM("fake/scripted", engine=engine, cache=False), engine
+
+
+# ---------------------------------------------------------------- fault injection
+
+# Transport faults a provider can return; DSPy retries them (``num_retries``).
+RETRYABLE_FAULTS = ("timeout", "server_error", "rate_limit")
+# Faults in the reply itself; no retry can be assumed to fix them.
+REPLY_FAULTS = ("garbage", "truncated", "bad_label")
+FAULTS = RETRYABLE_FAULTS + REPLY_FAULTS
+
+# Output fields with a closed label set, and a value outside each set.
+_OUT_OF_SET = {
+    "emotion": "hangry",
+    "cause_category": "Weather",
+    "strategy": "XX",
+    "secondary_strategy": "XX",
+    "faulty_stage": "everything",
+}
+_GARBAGE_WORDS = ("lorem", "ipsum", "###", "{", "}", "null", "\u2603", "<|im_end|>", "[[", "]]", "0x7f")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One injected fault: which, in which stage, on which attempt at that prompt."""
+
+    fault: str
+    stage: str
+    attempt: int
+
+
+@dataclass
+class FaultyEngine:
+    """A DSPy 3.4 engine that wraps another one and injects faults at set rates.
+
+    ``rates`` maps a fault in FAULTS to the probability that a call gets it
+    (the rates must sum to at most 1):
+
+    - ``timeout``, ``server_error``, ``rate_limit`` raise ``dspy.lm15``'s
+      TimeoutError, ServerError (503) and RateLimitError (429), which
+      ``dspy.LM`` retries ``num_retries`` times with exponential backoff
+      (``retry_after`` is sent as the provider's hint when set);
+    - ``garbage`` replaces the reply with random words;
+    - ``truncated`` cuts the reply off inside its last output field's header
+      (finish_reason ``length``), so that field is missing;
+    - ``bad_label`` puts an out-of-set label in the first labelled output
+      field (emotion, cause_category, strategy ...); a call without such a
+      field passes through unchanged.
+
+    Which fault a call gets depends only on the seed, the prompt and how many
+    times that prompt was sent before, never on thread scheduling: the same
+    run gives the same faults with 1 or 8 threads. ``latency`` seconds are
+    slept per call. Every injection is recorded in ``injected``.
+    """
+
+    inner: Any = field(default_factory=ScriptedEngine)
+    rates: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    retry_after: float | None = None
+    latency: float = 0.0
+    injected: list[Injection] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.rates) - set(FAULTS)
+        if unknown:
+            raise ValueError(f"unknown fault(s) {', '.join(sorted(unknown))}; choose from {', '.join(FAULTS)}")
+        if any(r < 0 for r in self.rates.values()) or sum(self.rates.values()) > 1 + 1e-9:
+            raise ValueError("fault rates must be >= 0 and sum to at most 1")
+        self._lock = threading.Lock()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- the engine protocol
+
+    def complete(self, request) -> Response:
+        import hashlib
+
+        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
+        prompt = system + "\x00" + "\x00".join(m.text or "" for m in request.messages)
+        key = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
+        with self._lock:
+            attempt = self.attempts.get(key, 0) + 1
+            self.attempts[key] = attempt
+        digest = hashlib.sha256(f"{self.seed}:{key}:{attempt}".encode()).digest()
+        draw = int.from_bytes(digest[:8], "big") / 2**64
+        fault = self._pick(draw)
+        outputs = tuple(_output_fields(system))
+        stage = stage_of(outputs)
+        if self.latency:
+            import time
+
+            time.sleep(self.latency)
+        if fault in RETRYABLE_FAULTS:
+            self._record(fault, stage, attempt)
+            raise self._transport_error(fault)
+        response = self.inner.complete(request)
+        if fault is None:
+            return response
+        text = "".join(p.text for p in response.message.parts if getattr(p, "text", None))
+        corrupted = self._corrupt(fault, text, outputs, digest)
+        if corrupted is None:  # bad_label on a call without labelled fields
+            return response
+        self._record(fault, stage, attempt)
+        return Response(id=None, model=response.model, message=Message.assistant([TextPart(corrupted)]),
+                        finish_reason="length" if fault == "truncated" else "stop", usage=response.usage)
+
+    def close(self) -> None:
+        pass
+
+    # -- what happened
+
+    def counts(self) -> dict[str, int]:
+        """Injected faults by kind."""
+        out: dict[str, int] = {}
+        for inj in self.injected:
+            out[inj.fault] = out.get(inj.fault, 0) + 1
+        return out
+
+    @property
+    def calls(self) -> int:
+        """Every call that reached this engine, faulty or not."""
+        return sum(self.attempts.values())
+
+    def retried_prompts(self) -> int:
+        """Prompts that were sent more than once (a retry, or a rerun of the same prompt)."""
+        return sum(n > 1 for n in self.attempts.values())
+
+    # -- internals
+
+    def _pick(self, draw: float) -> str | None:
+        edge = 0.0
+        for fault in FAULTS:
+            edge += self.rates.get(fault, 0.0)
+            if draw < edge:
+                return fault
+        return None
+
+    def _record(self, fault: str, stage: str, attempt: int) -> None:
+        with self._lock:
+            self.injected.append(Injection(fault, stage, attempt))
+
+    def _transport_error(self, fault: str) -> Exception:
+        from dspy import lm15
+
+        hint = {"retry_after": self.retry_after}
+        if fault == "timeout":
+            return lm15.TimeoutError("injected fault: the request timed out", **hint)
+        if fault == "server_error":
+            return lm15.ServerError("injected fault: 503 Service Unavailable", status=503, **hint)
+        return lm15.RateLimitError("injected fault: 429 Too Many Requests", status=429, **hint)
+
+    @staticmethod
+    def _corrupt(fault: str, text: str, outputs: tuple[str, ...], digest: bytes) -> str | None:
+        if fault == "garbage":
+            import random
+
+            rng = random.Random(digest)
+            return " ".join(rng.choice(_GARBAGE_WORDS) for _ in range(rng.randint(3, 12)))
+        if fault == "truncated":
+            last = outputs[-1] if outputs else None
+            header = f"[[ ## {last} ## ]]" if last else ""
+            cut = text.rfind(header) if header else -1
+            cut = cut + len(header) // 2 if cut >= 0 else len(text) // 2
+            return text[:cut]
+        labelled = next((name for name in outputs if name in _OUT_OF_SET), None)
+        if labelled is None:
+            return None
+        section = re.compile(rf"(\[\[ ## {labelled} ## \]\]\n)(.*?)(?=\n\n\[\[ ## |\Z)", re.DOTALL)
+        return section.sub(lambda m: m.group(1) + _OUT_OF_SET[labelled], text, count=1)
+
+
+def faulty_lm(rates: Mapping[str, float] | None = None, *, seed: int = 0, num_retries: int = 3,
+              retry_after: float | None = None, latency: float = 0.0, inner: Any = None,
+              **answers: Any) -> tuple[dspy.LM, FaultyEngine]:
+    """A ``dspy.LM`` (no cache) over a FaultyEngine that wraps ``inner`` or a ScriptedEngine."""
+    engine = FaultyEngine(inner=inner if inner is not None else ScriptedEngine(answers=answers),
+                          rates=dict(rates or {}), seed=seed, retry_after=retry_after, latency=latency)
+    return dspy.LM("fake/faulty", engine=engine, cache=False, num_retries=num_retries), engine
