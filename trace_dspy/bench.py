@@ -673,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "embedded":
         from trace_dspy import bench_local
 
-        return bench_local.main(argv[1:])
+        return bench_local.main(argv[1:], prog="python -m trace_dspy.bench embedded")
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     if not hasattr(args, "lm"):  # sub-commands that always use fake LMs

@@ -94,8 +94,8 @@ def run_raw(history: list[dict]) -> dict:
             "seconds": seconds, "generated_tokens_per_s": completion_tokens / seconds}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.bench_local", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_local") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="data source (default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("--limit", type=int, default=100)
     parser.add_argument("--reuse-limit", type=int, default=20, help="dialogues for the no-reuse run")

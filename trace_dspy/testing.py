@@ -88,9 +88,18 @@ class ScriptedEngine:
 
     def complete(self, request) -> Response:
         system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
-        outputs = tuple(_output_fields(system))
         user = [m for m in request.messages if m.role == "user"]
-        inputs = _sections(user[-1].text or "") if user else {}
+        text = self.reply_text(system, user[-1].text or "" if user else "")
+        n_in = len(system.split()) + sum(len((m.text or "").split()) for m in request.messages)
+        n_out = len(text.split())
+        return Response(id=None, model="scripted", message=Message.assistant([TextPart(text)]),
+                        finish_reason="stop", usage=Usage(input_tokens=n_in, output_tokens=n_out,
+                                                          total_tokens=n_in + n_out))
+
+    def reply_text(self, system: str, user_text: str) -> str:
+        """The completion text for a DSPy chat prompt (system text, last user message); records the call."""
+        outputs = tuple(_output_fields(system))
+        inputs = _sections(user_text)
         answer = dict(self.responder(outputs, inputs)) if self.responder else {}
         for name in outputs:
             if name not in answer:
@@ -100,11 +109,7 @@ class ScriptedEngine:
         instructions = system.rsplit("your objective is:", 1)[-1].strip()
         with self._lock:
             self.calls.append(Call(outputs, inputs, {k: answer[k] for k in outputs}, instructions))
-        n_in = len(system.split()) + sum(len((m.text or "").split()) for m in request.messages)
-        n_out = len(text.split())
-        return Response(id=None, model="scripted", message=Message.assistant([TextPart(text)]),
-                        finish_reason="stop", usage=Usage(input_tokens=n_in, output_tokens=n_out,
-                                                          total_tokens=n_in + n_out))
+        return text
 
     def close(self) -> None:
         pass
