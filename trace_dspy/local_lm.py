@@ -92,12 +92,14 @@ def _gbnf_literal(text: str) -> str:
 
 
 def _line(limit: int) -> str:
-    # Starts like a sentence (never with a template brace) and stays on one line.
-    return f'[A-Za-z0-9"\'] [^\\n{{}}]{{0,{limit - 1}}}'
+    # Starts like a sentence and stays on one line. Braces, brackets and '#'
+    # are excluded: a small model otherwise drifts into copying the
+    # "[[ ## field ## ]]" markers of the prompt ("[## ## ## ..." until the cap).
+    return f'[A-Za-z0-9"\'] [^\\n{{}}\\[\\]#]{{0,{limit - 1}}}'
 
 
 def _jstr(limit: int) -> str:
-    return f'"\\"" [A-Za-z0-9\'] [^"\\\\\\n{{}}]{{0,{limit - 1}}} "\\""'
+    return f'"\\"" [A-Za-z0-9\'] [^"\\\\\\n{{}}\\[\\]#]{{0,{limit - 1}}} "\\""'
 
 
 _SCALARS = {
