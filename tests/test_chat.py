@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -110,10 +111,15 @@ def test_commands(tmp_path):
 # ---------------------------------------------------------------- through a terminal
 
 
-def spawn_chat(tmp_path, *args):
+def ignore_sigint():
+    # As in a background job started without job control: SIGINT is inherited as ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def spawn_chat(tmp_path, *args, preexec_fn=None):
     env = {k: v for k, v in os.environ.items() if k != "TRACE_DSPY_DATA"}
     child = pexpect.spawn(sys.executable, [str(FAKE_CLI), "trace_dspy.chat", *args], cwd=str(tmp_path), env=env,
-                          encoding="utf-8", timeout=90, dimensions=(40, 200))
+                          encoding="utf-8", timeout=90, dimensions=(40, 200), preexec_fn=preexec_fn)
     child.expect("you> ")
     return child
 
@@ -150,9 +156,10 @@ def test_a_person_chats_saves_and_leaves_with_ctrl_d(tmp_path):
     assert {r["emotion"] for r in records} == {"sad"}
 
 
-@pytest.mark.parametrize("during_generation", [False, True], ids=["at-the-prompt", "while-generating"])
-def test_ctrl_c_leaves_cleanly(tmp_path, during_generation):
-    child = spawn_chat(tmp_path)
+@pytest.mark.parametrize(("during_generation", "inherited"), [(False, None), (True, None), (True, ignore_sigint)],
+                         ids=["at-the-prompt", "while-generating", "while-generating-started-with-sigint-ignored"])
+def test_ctrl_c_leaves_cleanly(tmp_path, during_generation, inherited):
+    child = spawn_chat(tmp_path, preexec_fn=inherited)
     if during_generation:
         child.sendline("slow")  # the fake model hangs for two minutes on this turn
         child.expect(r"thinking\.\.\.")

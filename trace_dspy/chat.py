@@ -22,6 +22,7 @@ not a human label; correct it before training on the file). The file loads with
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import uuid
 from collections.abc import Callable
@@ -260,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
 
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if interactive:
+        # Ctrl-C must leave even when the shell that started us ignores SIGINT
+        # (a background job without job control inherits SIG_IGN).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:
