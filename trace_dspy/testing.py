@@ -61,8 +61,25 @@ class Call:
 Responder = Callable[[tuple[str, ...], dict[str, str]], Mapping[str, Any]]
 
 
+class _PicklesWithoutLock:
+    """Engines hold a lock, which cannot be pickled; a copy gets a new one (MLflow pickles LMs)."""
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_lock", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _system_text(request) -> str:
+    return request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
+
+
 @dataclass
-class ScriptedEngine:
+class ScriptedEngine(_PicklesWithoutLock):
     """Answer each requested output field from ``responder`` or ``answers``.
 
     responder(outputs, inputs) -> {field: value} takes precedence; fields it
@@ -77,17 +94,8 @@ class ScriptedEngine:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_lock", None)
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
     def complete(self, request) -> Response:
-        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
+        system = _system_text(request)
         user = [m for m in request.messages if m.role == "user"]
         text = self.reply_text(system, user[-1].text or "" if user else "")
         n_in = len(system.split()) + sum(len((m.text or "").split()) for m in request.messages)
@@ -186,7 +194,7 @@ class Injection:
 
 
 @dataclass
-class FaultyEngine:
+class FaultyEngine(_PicklesWithoutLock):
     """A DSPy 3.4 engine that wraps another one and injects faults at set rates.
 
     ``rates`` maps a fault in FAULTS to the probability that a call gets it
@@ -225,21 +233,12 @@ class FaultyEngine:
             raise ValueError("fault rates must be >= 0 and sum to at most 1")
         self._lock = threading.Lock()
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_lock", None)
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
-
     # -- the engine protocol
 
     def complete(self, request) -> Response:
         import hashlib
 
-        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system or ())
+        system = _system_text(request)
         prompt = system + "\x00" + "\x00".join(m.text or "" for m in request.messages)
         key = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()
         with self._lock:
