@@ -80,6 +80,7 @@ def test_quality_bench_tables_intervals_charts_and_mlflow(tmp_path, monkeypatch,
     assert summaries["trace"]["lm_calls_per_dialogue"] == 4 and summaries["trace_paper"]["lm_calls_per_dialogue"] == 4
     assert summaries["trace_paper"]["prompt_tokens_per_dialogue"] > summaries["single_cot"]["prompt_tokens_per_dialogue"]
     assert all(s["n"] == 8 and s["failed"] == 0 for s in summaries.values())
+    assert result["run"]["lm"]["default"]["cache"] is False  # every call is really made, so costs are real
     assert result["compile"]["compiled_labeled"]["lm_calls"] == 0  # LabeledFewShot only copies demos
 
     # The paired intervals are over the same examples: recompute one by hand from the rows.

@@ -725,7 +725,8 @@ def _quality(args, argv, settings: Settings) -> int:
                     f"optimizers: {', '.join(OPTIMIZERS)}")
     source = resolve_source(settings.data_source(args.data), seed=args.seed)
     examples = load_test(source, view=args.view, limit=args.limit, seed=args.seed)
-    lms = LMSet(without_cache(settings.lm))
+    lm_config = without_cache(settings.lm)
+    lms = LMSet(lm_config)
     metric = build_metric(settings, lms)
     retriever = default_retriever(settings.program, source, seed=args.seed)
     splits = load_splits(source, seed=args.seed, train_size=args.train, dev_size=args.dev) if args.optimizers else None
@@ -735,7 +736,7 @@ def _quality(args, argv, settings: Settings) -> int:
         for path in rows_dir.glob("*.jsonl"):
             path.unlink()
     run = {"data": source.describe(), "view": args.view, "limit": len(examples), "seed": args.seed,
-           "lm": settings.lm.to_dict(), "program": settings.program.to_dict(), "train": args.train, "dev": args.dev}
+           "lm": lm_config.to_dict(), "program": settings.program.to_dict(), "train": args.train, "dev": args.dev}
     print(f"bench: {len(examples)} {args.view} test examples ({source.kind}: {source.location}); "
           f"rows in {rows_dir}", file=sys.stderr)
     systems = build_systems(args.systems, args.optimizers, args.artifact, settings=settings, lms=lms,
