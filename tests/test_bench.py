@@ -125,7 +125,10 @@ def test_quality_bench_user_errors(capsys, tmp_path, monkeypatch):
 
 def test_overhead_times_every_stage_outside_the_lm():
     examples = load_test(None, limit=6, seed=0)
-    result = measure_overhead(examples, TraceProgram(), warmup=1)
+    result = measure_overhead(examples, TraceProgram(), warmup=1, clock="cpu")
+    assert result["clock"] == "cpu"
+    with pytest.raises(ValueError, match="clock"):
+        measure_overhead(examples, TraceProgram(), clock="sundial")
     stages = ("recognize_emotion", "analyze_cause", "plan_strategy", "generate_response")
     assert set(result["per_stage"]) == set(stages)
     assert all(result["per_stage"][s]["calls"] == 6 for s in stages) and result["stage_calls"] == 24
@@ -171,3 +174,22 @@ def test_compile_bench_warm_rerun_is_served_from_the_cache(tmp_path, monkeypatch
     assert result["warm"]["dev_after"] == result["cold"]["dev_after"]
     assert len(engine.calls) == result["cold"]["lm_calls"]
     assert dspy.cache.enable_disk_cache is False  # the caller's cache settings are restored
+
+
+def test_overhead_and_concurrency_commands_write_their_records(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["overhead", "--dialogues", "3", "--warmup", "0", "--clock", "cpu", "--output-dir", "out",
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]) == 0
+    record = json.loads((tmp_path / "out/overhead-cpu.json").read_text())
+    assert record["result"]["stage_calls"] == 12 and "| any stage call | 12 |" in capsys.readouterr().out
+    assert main(["concurrency", "--levels", "1,2", "--latency", "0.001", "--per-thread", "1", "--output-dir", "out",
+                 "--no-mlflow"]) == 0
+    levels = json.loads((tmp_path / "out/concurrency.json").read_text())["result"]["levels"]
+    assert [(r["threads"], r["lm_calls"]) for r in levels] == [(1, 32), (2, 32)]
+
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["trace-dspy-bench"], output_format="list")
+    assert run.data.tags["trace_dspy.kind"] == "bench-overhead-cpu"
+    assert run.data.metrics["per_stage_call/mean_ms"] == pytest.approx(record["result"]["per_stage_call"]["mean_ms"])

@@ -347,22 +347,28 @@ def log_quality_to_mlflow(report: QualityReport, files: Sequence[Path], *, track
 
 # ----------------------------------------------------------------------------- overhead
 
+# Overhead clocks: wall time, or the calling thread's CPU time, which other
+# processes on a shared machine barely disturb.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
 class TimedEngine:
     """Wraps an engine and adds the seconds spent inside it to a per-thread total."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, clock=time.perf_counter):
         self.inner = inner
+        self.clock = clock
         self._local = threading.local()
 
     def elapsed(self) -> float:
         return getattr(self._local, "total", 0.0)
 
     def complete(self, request):
-        started = time.perf_counter()
+        started = self.clock()
         try:
             return self.inner.complete(request)
         finally:
-            self._local.total = self.elapsed() + time.perf_counter() - started
+            self._local.total = self.elapsed() + self.clock() - started
 
     def close(self) -> None:
         self.inner.close()
@@ -380,14 +386,14 @@ class _StageTimer:
     def on_module_start(self, call_id, instance, inputs):
         name = self.names.get(id(instance))
         if name is not None:
-            self.open[call_id] = (name, time.perf_counter(), self.engine.elapsed())
+            self.open[call_id] = (name, self.engine.clock(), self.engine.elapsed())
 
     def on_module_end(self, call_id, outputs, exception):
         entry = self.open.pop(call_id, None)
         if entry is not None:
             name, started, engine_before = entry
-            wall = time.perf_counter() - started
-            self.samples[name].append(wall - (self.engine.elapsed() - engine_before))
+            spent = self.engine.clock() - started
+            self.samples[name].append(spent - (self.engine.elapsed() - engine_before))
 
 
 def _callback(timer: _StageTimer):
@@ -409,13 +415,20 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
             "p95_ms": 1000 * ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], "calls": len(ordered)}
 
 
-def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int = 3) -> dict[str, Any]:
-    """Time spent outside the LM, per stage call and per dialogue, with a zero-latency fake LM."""
+def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int = 3,
+                     clock: str = "wall") -> dict[str, Any]:
+    """Time spent outside the LM, per stage call and per dialogue, with a zero-latency fake LM.
+
+    ``clock`` is "wall" (elapsed time) or "cpu" (the thread's CPU time).
+    """
     from trace_dspy.testing import ScriptedEngine
 
     if not examples:
         raise ValueError("no examples")
-    engine = TimedEngine(ScriptedEngine())
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}")
+    tick = CLOCKS[clock]
+    engine = TimedEngine(ScriptedEngine(), clock=tick)
     lm = dspy.LM("fake/zero-latency", engine=engine, cache=False)
     names = {id(p): n for n, p in program.named_predictors()}
     timer = _StageTimer(names, engine)
@@ -428,14 +441,15 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
         per_dialogue, lm_seconds = [], 0.0
         for ex in progress(examples, desc="overhead"):
             engine_before = engine.elapsed()
-            started = time.perf_counter()
+            started = tick()
             program(dialogue=ex.dialogue)
-            wall = time.perf_counter() - started
+            spent = tick() - started
             lm_time = engine.elapsed() - engine_before
             lm_seconds += lm_time
-            per_dialogue.append(wall - lm_time)
+            per_dialogue.append(spent - lm_time)
     stage_samples = [v for values in timer.samples.values() for v in values]
     result = {
+        "clock": clock,
         "dialogues": len(examples),
         "stage_calls": len(stage_samples),
         "per_stage": {name: _ms(values) for name, values in timer.samples.items()},
@@ -446,9 +460,9 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
     if retriever is not None and program.config.retrieval.enabled:
         searches = []
         for ex in examples:
-            started = time.perf_counter()
+            started = tick()
             retriever.search(ex.dialogue, emotion="sad", k=program.config.retrieval.k)
-            searches.append(time.perf_counter() - started)
+            searches.append(tick() - started)
         result["retrieval"] = {**_ms(searches), "pool_items": len(retriever.items)}
     return result
 
@@ -596,6 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "overhead":
             p.add_argument("--dialogues", type=int, default=100)
             p.add_argument("--warmup", type=int, default=3)
+            p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                           help="wall time, or the thread's CPU time (steadier on a shared machine)")
         elif name == "concurrency":
             p.add_argument("--latency", type=float, default=0.2, help="server latency per call, seconds")
             p.add_argument("--levels", type=_int_list, default=[1, 2, 4, 8, 16, 32], help="thread counts")
@@ -689,8 +705,8 @@ def main(argv: list[str] | None = None) -> int:
                 return fail("--dialogues must be at least 1")
             source, _, program, load_test = _data_and_program(args, settings)
             examples = load_test(source, limit=args.dialogues, seed=args.seed)
-            result = measure_overhead(examples, program, warmup=args.warmup)
-            return _finish(args, argv, "overhead", result, overhead_markdown(result))
+            result = measure_overhead(examples, program, warmup=args.warmup, clock=args.clock)
+            return _finish(args, argv, f"overhead-{args.clock}", result, overhead_markdown(result))
         if args.command == "concurrency":
             if args.latency < 0 or args.per_thread < 1:
                 return fail("--latency must be >= 0 and --per-thread >= 1")
