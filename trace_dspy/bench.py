@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import dspy
+from dspy.utils.callback import BaseCallback
 
 from trace_dspy.cli import Settings, fail, progress, with_dspy_context
 from trace_dspy.jsonl import atomic_write_json
@@ -374,39 +375,26 @@ class TimedEngine:
         self.inner.close()
 
 
-class _StageTimer:
-    """A DSPy callback: wall time and engine time of each stage predictor call."""
+class _StageTimer(BaseCallback):
+    """A DSPy callback: time of each stage predictor call, less the engine's time inside it."""
 
     def __init__(self, names: dict[int, str], engine: TimedEngine):
+        super().__init__()
         self.names, self.engine = names, engine
         self.open: dict[str, tuple[str, float, float]] = {}
         self.samples: dict[str, list[float]] = defaultdict(list)
 
-    # DSPy looks these handlers up by name; the others default to no-ops.
     def on_module_start(self, call_id, instance, inputs):
         name = self.names.get(id(instance))
         if name is not None:
             self.open[call_id] = (name, self.engine.clock(), self.engine.elapsed())
 
-    def on_module_end(self, call_id, outputs, exception):
+    def on_module_end(self, call_id, outputs, exception=None):
         entry = self.open.pop(call_id, None)
         if entry is not None:
             name, started, engine_before = entry
             spent = self.engine.clock() - started
             self.samples[name].append(spent - (self.engine.elapsed() - engine_before))
-
-
-def _callback(timer: _StageTimer):
-    from dspy.utils.callback import BaseCallback
-
-    class Adapter(BaseCallback):
-        def on_module_start(self, call_id, instance, inputs):
-            timer.on_module_start(call_id, instance, inputs)
-
-        def on_module_end(self, call_id, outputs, exception=None):
-            timer.on_module_end(call_id, outputs, exception)
-
-    return Adapter()
 
 
 def _ms(values: Sequence[float]) -> dict[str, float]:
@@ -432,9 +420,8 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
     lm = dspy.LM("fake/zero-latency", engine=engine, cache=False)
     names = {id(p): n for n, p in program.named_predictors()}
     timer = _StageTimer(names, engine)
-    callback = _callback(timer)
     retriever = getattr(program, "retriever", None)
-    with dspy.context(lm=lm, callbacks=[callback]):
+    with dspy.context(lm=lm, callbacks=[timer]):
         for ex in list(examples)[:warmup]:
             program(dialogue=ex.dialogue)
         timer.samples.clear()
