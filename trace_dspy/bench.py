@@ -655,14 +655,15 @@ def _machine() -> dict[str, Any]:
             "dspy": dspy.__version__}
 
 
-def _data_and_program(args, settings: Settings):
+def _examples_and_program(args, settings: Settings, limit: int):
+    """Seeded test examples and the uncompiled program, retrieving from the same source's pool."""
     from trace_dspy.artifacts import default_retriever
     from trace_dspy.data import load_test, resolve_source
     from trace_dspy.program import TraceProgram
 
     source = resolve_source(settings.data_source(args.data), seed=args.seed)
     retriever = default_retriever(settings.program, source, seed=args.seed)
-    return source, retriever, TraceProgram(settings.program, retriever=retriever), load_test
+    return load_test(source, limit=limit, seed=args.seed), TraceProgram(settings.program, retriever=retriever)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -690,15 +691,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "overhead":
             if args.dialogues < 1:
                 return fail("--dialogues must be at least 1")
-            source, _, program, load_test = _data_and_program(args, settings)
-            examples = load_test(source, limit=args.dialogues, seed=args.seed)
+            examples, program = _examples_and_program(args, settings, args.dialogues)
             result = measure_overhead(examples, program, warmup=args.warmup, clock=args.clock)
             return _finish(args, argv, f"overhead-{args.clock}", result, overhead_markdown(result))
         if args.command == "concurrency":
             if args.latency < 0 or args.per_thread < 1:
                 return fail("--latency must be >= 0 and --per-thread >= 1")
-            source, _, program, load_test = _data_and_program(args, settings)
-            examples = load_test(source, limit=64, seed=args.seed)
+            examples, program = _examples_and_program(args, settings, 64)
             result = measure_concurrency(examples, program, levels=args.levels, latency=args.latency,
                                          per_thread=args.per_thread)
             return _finish(args, argv, "concurrency", result, concurrency_markdown(result))
