@@ -49,6 +49,7 @@ from dspy.utils.callback import BaseCallback
 
 from trace_dspy.cli import Settings, fail, progress, with_dspy_context
 from trace_dspy.jsonl import atomic_write_json
+from trace_dspy.tracking import warn_not_logged
 
 BENCH_EXPERIMENT = "trace-dspy-bench"
 BASE_SYSTEMS = ("single_cot", "trace_paper", "trace")
@@ -629,8 +630,7 @@ def _finish(args, argv, name: str, result: dict[str, Any], table: str, extra_fil
                 mlflow.log_metrics(_flat_numbers(result))
                 mlflow.log_artifact(str(out_dir / f"{name}.json"))
         except Exception as exc:
-            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
-                  file=sys.stderr)
+            warn_not_logged(exc, out_dir)
     return 0
 
 
@@ -762,8 +762,7 @@ def _quality(args, argv, settings: Settings) -> int:
                                            params=run)
             print(f"mlflow run {run_id} (experiment {args.experiment})")
         except Exception as exc:
-            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
-                  file=sys.stderr)
+            warn_not_logged(exc, out_dir)
     return code
 
 

@@ -26,7 +26,7 @@ from trace_dspy.config import ConfigError
 from trace_dspy.data import DataError, load_splits, load_test, resolve_source
 from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, format_table
 from trace_dspy.jsonl import atomic_write_json
-from trace_dspy.tracking import DEFAULT_EXPERIMENT, log_params, mlflow_run, numeric_metrics
+from trace_dspy.tracking import DEFAULT_EXPERIMENT, log_params, mlflow_run, numeric_metrics, warn_not_logged
 
 # Variants of the configured program for --ablation: name -> changes to [program].
 ABLATIONS: dict[str, dict[str, Any]] = {
@@ -163,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
                 print(f"mlflow run {run.info.run_id}")
         except Exception as exc:  # the results are on disk already; say so rather than lose them
-            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
-                  file=sys.stderr)
+            warn_not_logged(exc, out_dir)
     return 0
 
 
@@ -252,8 +251,7 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
                         mlflow.log_metrics(numeric_metrics(row, args.split))
                 mlflow.log_artifact(str(out_dir / "ablation.json"))
         except Exception as exc:
-            print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {out_dir}",
-                  file=sys.stderr)
+            warn_not_logged(exc, out_dir)
     return 0
 
 

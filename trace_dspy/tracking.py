@@ -98,3 +98,11 @@ def numeric_metrics(summary: Mapping[str, Any], prefix: str) -> dict[str, float]
             continue
         out[f"{prefix}/{key}"] = float(value)
     return out
+
+
+def warn_not_logged(exc: BaseException, results) -> None:
+    """MLflow failed after the results were written: say where they are instead of losing them."""
+    import sys
+
+    print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {results}",
+          file=sys.stderr)
