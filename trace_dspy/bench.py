@@ -611,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _finish(args, argv, name: str, result: dict[str, Any], table: str, extra_files=()) -> int:
+def _finish(args, argv, name: str, result: dict[str, Any], table: str) -> int:
     out_dir = args.output_dir or Path("runs/bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": "python -m trace_dspy.bench " + shlex.join(argv), "machine": _machine(), "result": result}
