@@ -130,9 +130,11 @@ def count_lm_calls(fn, *args, **kwargs) -> tuple[Any, int]:
     """Run ``fn`` and count the LM calls that reached a model (cache hits excluded), threads included."""
     from dspy.utils.usage_tracker import track_usage
 
+    from trace_dspy.evaluation import usage_totals
+
     with track_usage() as tracker:
         result = fn(*args, **kwargs)
-    return result, sum(len(v) for v in tracker.usage_data.values())
+    return result, usage_totals(tracker)["lm_calls"]
 
 
 def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Sequence[str], *, settings: Settings,

@@ -71,6 +71,14 @@ class EvalResult:
         return self.summary["empathy"]
 
 
+def usage_totals(tracker) -> dict[str, int]:
+    """LM calls that reached a model (cache hits are not recorded) and their tokens, from a usage tracker."""
+    entries = [e for per_lm in tracker.usage_data.values() for e in per_lm]
+    return {"lm_calls": len(entries),
+            "prompt_tokens": sum(e.get("prompt_tokens") or 0 for e in entries),
+            "completion_tokens": sum(e.get("completion_tokens") or 0 for e in entries)}
+
+
 def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, Any]:
     row: dict[str, Any] = {
         "id": example.get("sample_id") or example.dialogue,
@@ -88,10 +96,7 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
             error = f"{type(exc).__name__}: {exc}"[:2000]
     # Cost of the program call alone (not the metric): wall time and the LM
     # calls that reached a model (cache hits are not counted).
-    entries = [e for per_lm in usage.usage_data.values() for e in per_lm]
-    row.update(seconds=time.perf_counter() - started, lm_calls=len(entries),
-               prompt_tokens=sum(e.get("prompt_tokens") or 0 for e in entries),
-               completion_tokens=sum(e.get("completion_tokens") or 0 for e in entries))
+    row.update(seconds=time.perf_counter() - started, **usage_totals(usage))
     if error is not None:
         row.update(error=error, score=0.0)
         return row
