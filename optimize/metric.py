@@ -3,67 +3,102 @@
 Components (each in [0, 1]):
 
 - ``emotion``: 1 for the gold label, ``group_credit`` for the right Ekman group;
+- ``empathy``: the learned EPITOME scorer (trace_dspy.optimize.empathy) on the
+  speaker's words and the reply: the sum of the expected ER, IP and EX levels
+  over 6 (reference-free; needs the ``embed`` extra, and is off without it);
+- ``strategy_fit``: does the reply realize the planned primary and secondary
+  strategies (the scorer's level for them, against the others)?
+- ``relevance``: cosine similarity between the reply and the speaker's words
+  (MiniLM; token F1 without the ``embed`` extra);
 - ``rules``: share of TRACE's reply rules met (one or two sentences, reuses a
   detail of the speaker's words, no unsolicited advice, does not parrot);
-- ``similarity``: cosine similarity to the gold reply (MiniLM, ``embed`` extra),
-  or token F1 to it without the extra;
-- ``relevance``: cosine similarity between the reply and the speaker's words
-  (reference-free; zero when the reply parrots them), token F1 without the extra;
+- ``similarity``: cosine similarity to the gold reply (token F1 without the extra);
 - ``judge``: the LM judge's ratings folded into one number (only when its
   weight is above 0; it costs one judge call per example).
 
-The composite is the weighted mean of the components whose weight is above 0.
-Default weights (see docs/metric.md for why): emotion 0.3, rules 0.3,
-similarity 0.4, judge 0 (the embedded model judges near chance; with a strong
-judge LM set ``judge = 0.3``).
+The composite is the weighted mean of the components whose weight is above 0
+and that have a value, times ``grounded``: 0 for a reply that parrots the
+speaker or nearly copies a demo's or a retrieved example's reply, and
+``relevance / relevance_floor`` (capped at 1) for a reply unrelated to the
+speaker. docs/metric.md has the validity study behind the default weights.
+
+A batch-level check (:func:`collapse_check`) flags a set of replies that
+collapsed: few distinct replies, or Dist-2 fallen by half against a reference.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import dspy
 
 from trace_dspy.config import ConfigError, from_table
-from trace_dspy.dialogue import speaker_text
+from trace_dspy.dialogue import SPEAKER, parse_dialogue
 from trace_dspy.labels import EMOTION_TO_GROUP
 from trace_dspy.optimize.scorers import (
     content_words,
+    distinct_n,
     emotion_credit,
+    near_copy,
     response_rules,
     sentence_count,
     token_f1,
+    tokenize,
 )
 
+log = logging.getLogger(__name__)
 _UNSET = object()
+MECHANISMS = ("ER", "IP", "EX")
+_MISSING = {
+    "ER": "shows no warmth or concern (no emotional reaction)",
+    "IP": "shows no understanding of what the speaker feels or went through (no interpretation)",
+    "EX": "asks nothing (no gentle question about their experience)",
+}
+# Below this expected level (of 2) a planned mechanism counts as missing from the reply.
+MISSING_LEVEL = 0.8
 
 
 @dataclass(frozen=True)
 class MetricConfig:
-    emotion: float = 0.3
-    rules: float = 0.3
-    similarity: float = 0.4
-    relevance: float = 0.0
+    emotion: float = 0.2
+    empathy: float = 0.2
+    strategy_fit: float = 0.1
+    relevance: float = 0.2
+    rules: float = 0.1
+    similarity: float = 0.2
     judge: float = 0.0
     group_credit: float = 0.5
     # With DSPy's ``trace`` set (bootstrapping), a demo is kept when the score reaches this.
     threshold: float = 0.5
     # "auto" (semantic when the embed extra is installed), "semantic" or "token_f1".
     similarity_kind: str = "auto"
+    # A reply whose token F1 with the speaker's words or with a demo's reply reaches this is a copy.
+    copy_f1: float = 0.8
+    # Semantic relevance below this scales the score down (relevance / floor); 0 turns that off.
+    relevance_floor: float = 0.2
+    # Batch level: collapsed when fewer than this share of replies are distinct ...
+    min_distinct: float = 0.6
+    # ... or when Dist-2 falls to this share of the reference's (the program it replaces) or below.
+    dist2_ratio: float = 0.5
 
     def __post_init__(self) -> None:
         weights = self.weights()
         if any(w < 0 for w in weights.values()) or not sum(weights.values()) > 0:
             raise ConfigError(f"metric weights must be >= 0 with a positive sum, got {weights}")
-        if not 0 <= self.group_credit <= 1 or not 0 <= self.threshold <= 1:
-            raise ConfigError("group_credit and threshold must be in [0, 1]")
+        for name in ("group_credit", "threshold", "copy_f1", "relevance_floor", "min_distinct", "dist2_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"metric {name} must be in [0, 1], got {getattr(self, name)}")
         if self.similarity_kind not in ("auto", "semantic", "token_f1"):
             raise ConfigError("similarity_kind must be auto, semantic or token_f1")
 
     def weights(self) -> dict[str, float]:
-        return {"emotion": self.emotion, "rules": self.rules, "similarity": self.similarity,
-                "relevance": self.relevance, "judge": self.judge}
+        return {"emotion": self.emotion, "empathy": self.empathy, "strategy_fit": self.strategy_fit,
+                "relevance": self.relevance, "rules": self.rules, "similarity": self.similarity,
+                "judge": self.judge}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +106,9 @@ class MetricConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> MetricConfig:
         return from_table(cls, data, "metric")
+
+
+COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded")
 
 
 @dataclass
@@ -82,16 +120,43 @@ class Scored:
 
     @property
     def feedback(self) -> str:
-        return " ".join(text for _, text in self.notes) or "Good: right emotion, brief, specific, no advice."
+        return " ".join(text for _, text in self.notes) or "Good: right emotion, empathetic, specific, no advice."
 
 
 # Which notes each stage can act on (GEPA reflects on one predictor at a time).
 _STAGE_NOTES = {
     "recognize_emotion": {"emotion"},
     "analyze_cause": {"detail", "emotion"},
-    "plan_strategy": {"judge", "similarity"},
-    "generate_response": {"length", "detail", "advice", "parrot", "similarity", "judge", "empty"},
+    "plan_strategy": {"strategy", "empathy", "judge", "similarity"},
+    "generate_response": {"length", "detail", "advice", "parrot", "copy", "unrelated", "strategy", "empathy",
+                          "similarity", "judge", "empty"},
 }
+
+_WARNED: set[str] = set()
+_WARN_LOCK = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _WARN_LOCK:
+        if message not in _WARNED:
+            _WARNED.add(message)
+            log.warning(message)
+
+
+def strategy_fit(levels: dict[str, float], primary: str | None, secondary: str | None) -> float | None:
+    """How well the reply realizes the plan, in [0, 1], from the scorer's expected levels (0-2).
+
+    60% the primary mechanism's level, 20% the secondary's, 20% for the primary
+    being the reply's strongest mechanism. A plan that names the same mechanism
+    twice puts 80% on it.
+    """
+    if primary not in MECHANISMS:
+        return None
+    others = [levels[m] for m in MECHANISMS if m != primary]
+    leads = float(levels[primary] >= max(others))
+    if secondary in MECHANISMS and secondary != primary:
+        return 0.6 * levels[primary] / 2 + 0.2 * levels[secondary] / 2 + 0.2 * leads
+    return 0.8 * levels[primary] / 2 + 0.2 * leads
 
 
 class EmpathyMetric:
@@ -101,11 +166,16 @@ class EmpathyMetric:
     - ``metric(example, pred, trace)`` with a trace (bootstrapping) -> bool;
     - ``metric(gold, pred, trace, pred_name, pred_trace)`` (GEPA) ->
       ``dspy.Prediction(score=..., feedback=...)``.
+
+    ``copy_sources`` are replies the program has seen as demos (for example the
+    training replies): a reply that nearly copies one of them, or one of the
+    prediction's retrieved exemplars, scores 0.
     """
 
     name = "empathy"
 
-    def __init__(self, config: MetricConfig | None = None, *, judge=None, embedder=_UNSET):
+    def __init__(self, config: MetricConfig | None = None, *, judge=None, embedder=_UNSET, scorer=_UNSET,
+                 copy_sources: Iterable[str] = ()):
         self.config = config or MetricConfig()
         if self.config.judge > 0 and judge is None:
             raise ConfigError("the metric's judge weight is above 0 but no judge was given")
@@ -121,40 +191,80 @@ class EmpathyMetric:
 
             raise ConfigError(MISSING_EMBED.split(";")[0])
         self.embedder = embedder
+        if scorer is _UNSET:
+            scorer = None
+            if self.config.empathy > 0 or self.config.strategy_fit > 0:
+                from trace_dspy.optimize.empathy import shared_scorer
+
+                scorer = shared_scorer()
+        self.scorer = scorer
+        if scorer is None and (self.config.empathy > 0 or self.config.strategy_fit > 0):
+            from trace_dspy.optimize.empathy import NO_EMBED
+
+            _warn_once(NO_EMBED)
+        self.copy_sources: tuple[str, ...] = ()
+        self.add_copy_sources(copy_sources)
+
+    def add_copy_sources(self, sources: Iterable[str]) -> EmpathyMetric:
+        """Replies a program's output must not copy (demos, training replies)."""
+        known = dict.fromkeys(self.copy_sources)
+        known.update(dict.fromkeys(s for s in sources if isinstance(s, str) and s.strip()))
+        self.copy_sources = tuple(known)
+        return self
 
     @property
     def similarity_kind(self) -> str:
         return "semantic" if self.embedder is not None else "token_f1"
+
+    @property
+    def empathy_kind(self) -> str:
+        return "learned" if self.scorer is not None else "off"
 
     # -- scoring ------------------------------------------------------------------
 
     def evaluate(self, example, pred) -> Scored:
         reply = _get(pred, "response")
         if not isinstance(reply, str) or not reply.strip():
-            return Scored(0.0, dict.fromkeys(self.config.weights()), {},
+            return Scored(0.0, dict.fromkeys(COMPONENTS), {},
                           [("empty", "No reply was produced; every stage must return its fields.")])
+        cfg = self.config
         gold_emotion, predicted = example.get("emotion"), _get(pred, "emotion")
-        speaker = _speaker_words(example)
-        rules = response_rules(reply, speaker)
-        components: dict[str, float | None] = {
-            "emotion": emotion_credit(gold_emotion, predicted, self.config.group_credit) if gold_emotion else None,
-            "rules": sum(rules.values()) / len(rules),
-            "similarity": None,
-            "relevance": None,
-            "judge": None,
-        }
+        turns = _speaker_turns(example)
+        speaker = " ".join(turns)
+        rules = response_rules(reply, speaker, speaker_turns=turns)
+        components: dict[str, float | None] = dict.fromkeys(COMPONENTS)
+        if gold_emotion:
+            components["emotion"] = emotion_credit(gold_emotion, predicted, cfg.group_credit)
+        components["rules"] = sum(rules.values()) / len(rules)
+        details: dict[str, Any] = {"rules": rules, "similarity_kind": self.similarity_kind,
+                                   "empathy_kind": self.empathy_kind}
         if speaker:
             components["relevance"] = 0.0 if not rules["not_parroting"] else self._similarity(reply, speaker)
         gold_reply = example.get("response")
         if gold_reply:
             components["similarity"] = self._similarity(reply, gold_reply)
-        details: dict[str, Any] = {"rules": rules, "similarity_kind": self.similarity_kind}
-        if self.config.judge > 0:
+        if self.scorer is not None and speaker:
+            levels = self.scorer.score(speaker, reply)
+            details["levels"] = {m: levels[m] for m in MECHANISMS}
+            components["empathy"] = levels["empathy"]
+            components["strategy_fit"] = strategy_fit(levels, _get(pred, "strategy"),
+                                                      _get(pred, "secondary_strategy"))
+        copied = near_copy(reply, [*_exemplar_replies(_get(pred, "exemplars")), *self.copy_sources], cfg.copy_f1)
+        if copied is not None:
+            details["copied"] = copied[:200]
+        grounded = 1.0
+        if copied is not None or not rules["not_parroting"]:
+            grounded = 0.0
+        elif (self.similarity_kind == "semantic" and cfg.relevance_floor > 0
+              and components["relevance"] is not None and components["relevance"] < cfg.relevance_floor):
+            grounded = components["relevance"] / cfg.relevance_floor
+        components["grounded"] = grounded
+        if cfg.judge > 0:
             judged = self.judge(dialogue=example.dialogue, reply=reply)
             components["judge"] = judged.score
             details["judge"] = {k: judged[k] for k in (*type(self.judge).FIELDS, "justification")}
-        score = weighted_mean(components, self.config.weights())
-        score = 0.0 if score is None else score
+        score = weighted_mean(components, cfg.weights())
+        score = 0.0 if score is None else score * grounded
         return Scored(score, components, details, self._notes(example, pred, components, rules, details))
 
     def _notes(self, example, pred, components, rules, details) -> list[tuple[str, str]]:
@@ -166,16 +276,31 @@ class EmpathyMetric:
                          + (" (same Ekman group, half credit)." if same_group else
                             f" (group {EMOTION_TO_GROUP.get(gold)}, not {EMOTION_TO_GROUP.get(predicted)}).")))
         reply = _get(pred, "response") or ""
+        speaker = " ".join(_speaker_turns(example))
+        if not rules["not_parroting"]:
+            notes.append(("parrot", "The reply repeats the speaker's words; answer them as the listener instead."))
+        if "copied" in details:
+            notes.append(("copy", f"The reply copies an example's reply (\"{details['copied'][:80]}\"); "
+                                  "write new words for this speaker's situation."))
+        if components.get("grounded") is not None and 0 < components["grounded"] < 1:
+            notes.append(("unrelated", "The reply is not about what the speaker said; refer to their situation."))
+        levels = details.get("levels")
+        if levels:
+            plan = [s for s in (_get(pred, "strategy"), _get(pred, "secondary_strategy")) if s in MECHANISMS]
+            for mech in dict.fromkeys(plan):
+                if levels[mech] < MISSING_LEVEL:
+                    notes.append(("strategy", f"The plan said {mech} but the reply {_MISSING[mech]}."))
+            if not plan and components.get("empathy") is not None and components["empathy"] < 0.2:
+                weakest = min(MECHANISMS, key=levels.get)
+                notes.append(("empathy", f"Little empathy: the reply {_MISSING[weakest]}."))
         if not rules["brief"]:
             notes.append(("length", f"Length: the reply has {sentence_count(reply)} sentences; use one or two short ones."))
         if not rules["reuses_detail"]:
-            words = sorted(content_words(_speaker_words(example)))[:5]
+            words = sorted(content_words(speaker))[:5]
             notes.append(("detail", "Missing detail: reuse a concrete detail from the speaker's words"
                           + (f" (for example: {', '.join(words)})." if words else ".")))
         if not rules["no_advice"]:
             notes.append(("advice", "Unsolicited advice: do not tell the speaker what to do; respond to the feeling."))
-        if not rules["not_parroting"]:
-            notes.append(("parrot", "The reply repeats the speaker's words; answer them as the listener instead."))
         sim = components.get("similarity")
         if sim is not None and sim < 0.3 and example.get("response"):
             notes.append(("similarity", f"Far from a good reference reply such as: \"{example.response}\""))
@@ -203,6 +328,31 @@ class EmpathyMetric:
         return scored.score
 
 
+def collapse_check(replies: Sequence[str], *, reference_dist2: float | None = None,
+                   config: MetricConfig | None = None) -> dict[str, Any]:
+    """Did a batch of replies collapse? Few distinct replies, or Dist-2 fallen by half or more.
+
+    ``reference_dist2`` is the Dist-2 of the program being replaced (e.g. the
+    uncompiled program on the same dev set).
+    """
+    cfg = config or MetricConfig()
+    texts = [r for r in replies if isinstance(r, str) and r.strip()]
+    out: dict[str, Any] = {"distinct_replies": None, "collapsed": False, "collapse_reason": None}
+    if not texts:
+        return out
+    distinct = len({" ".join(tokenize(t)) for t in texts}) / len(texts)
+    dist2 = distinct_n(texts, 2)
+    out["distinct_replies"] = distinct
+    reasons = []
+    if len(texts) >= 3 and distinct < cfg.min_distinct:
+        reasons.append(f"only {distinct:.0%} of {len(texts)} replies are distinct (collapse below {cfg.min_distinct:.0%})")
+    if reference_dist2 and dist2 <= cfg.dist2_ratio * reference_dist2:
+        reasons.append(f"Dist-2 fell from {reference_dist2:.1f} to {dist2:.1f}")
+    if reasons:
+        out.update(collapsed=True, collapse_reason="; ".join(reasons))
+    return out
+
+
 def weighted_mean(components: dict[str, float | None], weights: dict[str, float]) -> float | None:
     """Mean of the components with a positive weight and a value; None when there are none."""
     active = {k: w for k, w in weights.items() if w > 0 and components.get(k) is not None}
@@ -218,8 +368,17 @@ def _get(pred, name):
         return getattr(pred, name, None)
 
 
-def _speaker_words(example) -> str:
+def _speaker_turns(example) -> list[str]:
     try:
-        return speaker_text(example.dialogue)
+        return [t.text for t in parse_dialogue(example.dialogue) if t.role == SPEAKER]
     except Exception:  # a malformed dialogue has no speaker words to reuse
-        return ""
+        return []
+
+
+def _exemplar_replies(exemplars) -> list[str]:
+    """The listener replies inside formatted exemplars (trace_dspy.retrieval.format_exemplar)."""
+    out = []
+    for text in exemplars or []:
+        if isinstance(text, str) and "Listener (reply):" in text:
+            out.append(text.rsplit("Listener (reply):", 1)[1].strip())
+    return out

@@ -235,14 +235,15 @@ def reused_details(reply: str, source: str) -> set[str]:
     return content_words(reply) & content_words(source)
 
 
-def response_rules(reply: str, speaker_text: str, *, max_sentences: int = 2, max_words: int = 60) -> dict[str, bool]:
-    """TRACE's reply rules, checked without a model."""
+def response_rules(reply: str, speaker_text: str, *, max_sentences: int = 2, max_words: int = 60,
+                   speaker_turns: Sequence[str] | None = None) -> dict[str, bool]:
+    """TRACE's reply rules, checked without a model (``speaker_turns``: the speaker's turns, for parroting)."""
     words = len([t for t in tokenize(reply) if _WORD.search(t)])
     return {
         "brief": 1 <= sentence_count(reply) <= max_sentences and words <= max_words,
         "reuses_detail": bool(reused_details(reply, speaker_text)),
         "no_advice": not gives_advice(reply),
-        "not_parroting": token_f1(speaker_text, reply) < 0.8,
+        "not_parroting": not parrots(reply, list(speaker_turns) if speaker_turns else [speaker_text]),
     }
 
 
@@ -289,3 +290,73 @@ def paired_bootstrap_ci(treatment: Sequence[float], control: Sequence[float], *,
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(means, [tail, 100 - tail])
     return float(diffs.mean()), float(low), float(high)
+
+
+# ---------------------------------------------------------------- copying
+
+COPY_F1 = 0.8
+
+
+def near_copy(reply: str, sources: Iterable[str], threshold: float = COPY_F1) -> str | None:
+    """The first source that ``reply`` nearly copies (token F1 >= threshold), else None."""
+    if not tokenize(reply):
+        return None
+    for source in sources:
+        if source and token_f1(source, reply) >= threshold:
+            return source
+    return None
+
+
+def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1) -> bool:
+    """Does the reply repeat the speaker: one of their turns, all their words, or contain their last turn?"""
+    turns = [t for t in speaker_turns if t and t.strip()]
+    if not turns:
+        return False
+    if near_copy(reply, [*turns, " ".join(turns)], threshold) is not None:
+        return True
+    words = lambda text: " ".join(t for t in tokenize(text) if _WORD.search(t))  # noqa: E731
+    last = words(turns[-1])
+    return len(last.split()) >= 4 and f" {last} " in f" {words(reply)} "
+
+
+# ---------------------------------------------------------------- agreement with human ratings
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties given their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (Pearson on average ranks); 0 when either side is constant."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError("need two equally long sequences of at least 2 values")
+    ra, rb = _ranks(list(a)), _ranks(list(b))
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra)
+    vb = sum((y - mb) ** 2 for y in rb)
+    return cov / math.sqrt(va * vb) if va > 0 and vb > 0 else 0.0
+
+
+def macro_f1(gold: Sequence, predicted: Sequence, labels: Sequence | None = None) -> float:
+    """Unweighted mean of per-class F1 over ``labels`` (default: the classes in gold)."""
+    _check_pair(gold, predicted)
+    classes = list(labels) if labels is not None else sorted(set(gold))
+    scores = []
+    for c in classes:
+        tp = sum(g == c and p == c for g, p in zip(gold, predicted))
+        fp = sum(g != c and p == c for g, p in zip(gold, predicted))
+        fn = sum(g == c and p != c for g, p in zip(gold, predicted))
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return sum(scores) / len(scores)

@@ -19,7 +19,10 @@ BAD = "You should buy new ones. It's easy. Go now. Then relax."
 
 
 def metric(**weights) -> EmpathyMetric:
-    return EmpathyMetric(MetricConfig(**weights), embedder=None)  # token-F1 similarity: deterministic
+    """The metric's older parts alone, on token-F1 similarity: deterministic. The learned
+    scorer's components are tested in test_empathy.py."""
+    base = {"emotion": 0.3, "rules": 0.3, "similarity": 0.4, "relevance": 0.0, "empathy": 0.0, "strategy_fit": 0.0}
+    return EmpathyMetric(MetricConfig(**{**base, **weights}), embedder=None, scorer=None)
 
 
 def test_composite_is_the_weighted_mean_of_its_components():
@@ -66,7 +69,7 @@ def test_config_validation():
     with pytest.raises(ConfigError):
         MetricConfig(emotion=-1)
     with pytest.raises(ConfigError):
-        MetricConfig(emotion=0, rules=0, similarity=0)
+        MetricConfig(emotion=0, rules=0, similarity=0, relevance=0, empathy=0, strategy_fit=0)
     with pytest.raises(ConfigError, match="unknown keys"):
         MetricConfig.from_dict({"emotions": 1})
     with pytest.raises(ConfigError, match="no judge"):
@@ -78,8 +81,8 @@ def test_judge_runs_on_its_own_lm_and_feeds_the_metric():
     judge_lm, judge_engine = fake_lm(emotional_reaction="strong", interpretation="weak", exploration="none",
                                      relevance="good", fluency="good", justification="Warm and specific.")
     program_lm, program_engine = fake_lm()
-    m = EmpathyMetric(MetricConfig(judge=1.0, emotion=0, rules=0, similarity=0), judge=EmpathyJudge(judge_lm),
-                      embedder=None)
+    m = EmpathyMetric(MetricConfig(judge=1.0, emotion=0, rules=0, similarity=0, relevance=0, empathy=0,
+                                   strategy_fit=0), judge=EmpathyJudge(judge_lm), embedder=None, scorer=None)
     with dspy.context(lm=program_lm):  # the judge must not borrow the program's LM
         scored = m.evaluate(EX, dspy.Prediction(emotion="sad", response=GOOD))
     assert len(judge_engine.calls) == 1 and program_engine.calls == []

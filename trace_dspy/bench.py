@@ -59,9 +59,10 @@ SYSTEM_DESCRIPTIONS = {
     "trace": "TraceProgram, uncompiled",
 }
 # Per-example values that get paired-bootstrap intervals against the baseline.
-PAIRED_METRICS = ("empathy", "emotion_correct", "group_correct", "emotion", "rules", "similarity", "relevance",
-                  "token_f1", "rouge_l")
-SCORE_KEYS = ("n", "failed", "empathy", "emotion", "rules", "similarity", "relevance", "emotion_acc", "group_acc",
+PAIRED_METRICS = ("empathy", "empathy_learned", "strategy_fit", "emotion_correct", "group_correct", "emotion", "rules",
+                  "similarity", "relevance", "token_f1", "rouge_l")
+SCORE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "grounded",
+              "copied_rate", "parrot_rate", "emotion", "rules", "similarity", "relevance", "emotion_acc", "group_acc",
               "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length")
 COST_KEYS = ("lm_calls_per_dialogue", "prompt_tokens_per_dialogue", "completion_tokens_per_dialogue",
              "seconds_per_dialogue")
@@ -194,14 +195,21 @@ def per_example(row: dict[str, Any]) -> dict[str, float]:
     gold, guess = row.get("gold_emotion"), pred.get("emotion")
     reply, ref = pred.get("response") or "", row.get("gold_response") or ""
     failed = "error" in row
+
+    def comp(name: str) -> float:
+        value = comps.get(name)
+        return 0.0 if failed or value is None else float(value)
+
     return {
         "empathy": float(row.get("score", 0.0)),
+        "empathy_learned": comp("empathy"),
+        "strategy_fit": comp("strategy_fit"),
         "emotion_correct": float(not failed and guess is not None and guess == gold),
         "group_correct": float(not failed and guess is not None and ekman_group(guess) == ekman_group(gold)),
-        "emotion": 0.0 if failed else float(comps.get("emotion", 0.0)),
-        "rules": 0.0 if failed else float(comps.get("rules", 0.0)),
-        "similarity": 0.0 if failed else float(comps.get("similarity", 0.0)),
-        "relevance": 0.0 if failed else float(comps.get("relevance", 0.0)),
+        "emotion": comp("emotion"),
+        "rules": comp("rules"),
+        "similarity": comp("similarity"),
+        "relevance": comp("relevance"),
         "token_f1": token_f1(ref, reply) if ref and not failed else 0.0,
         "rouge_l": rouge_l(ref, reply) if ref and not failed else 0.0,
     }

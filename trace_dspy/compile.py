@@ -175,6 +175,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
         retriever = cached_index(pool, retrieval, source.fingerprint)
     program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever)
     metric = build_metric(cfg.settings, lms)
+    # Training replies are what demos show the model: a dev reply that copies one scores 0.
+    metric.add_copy_sources(e.response for e in splits.train)
     prompt_lm = lms.role("prompt")
 
     with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp:
@@ -197,7 +199,10 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             _log("3/4 evaluating the compiled program on dev")
             after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                      results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
-                                     desc="dev after")
+                                     desc="dev after", reference_dist2=before.summary.get("dist2"))
+            if after.summary.get("collapsed"):
+                _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
+                     "it is saved, but it will not become champion")
             _log("4/4 saving, logging and registering")
             run_id = run.info.run_id if run is not None else None
             registry_version = None
@@ -238,8 +243,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 _log_run(cfg, folder, before.summary, after.summary)
                 from trace_dspy.registry import promote_if_better
 
-                promoted = promote_if_better(registry_version, after.score, model=cfg.registered_model,
-                                             tracking_uri=cfg.tracking_uri)
+                promoted = not after.summary.get("collapsed") and promote_if_better(
+                    registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
                 import mlflow
 
                 mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
@@ -309,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         _log("\ninterrupted: no artifact version was written (versions appear only when complete)")
         return 130
     print(result.table())
+    if result.after.get("collapsed"):
+        print(f"\nCOLLAPSED: {result.after['collapse_reason']}")
     print(f"\nartifact: {result.artifact}")
     if result.run_id:
         print(f"mlflow run: {result.run_id}; registered {cfg.registered_model} version {result.registry_version}"

@@ -36,7 +36,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "with_commonsense": {"commonsense": True},
     "with_reflection": {"reflection": True},
 }
-TABLE_KEYS = ("n", "failed", "empathy", "emotion", "rules", "similarity", "relevance", "judge", "emotion_acc",
+TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotion", "empathy_learned", "level_ER",
+              "level_IP", "level_EX", "strategy_fit", "relevance", "grounded", "rules", "similarity", "judge",
+              "copied_rate", "parrot_rate", "emotion_acc",
               "group_acc", "bleu1", "bleu2", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2",
               "length", "seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue",
               "completion_tokens_per_dialogue")

@@ -21,7 +21,7 @@ from dspy.utils.usage_tracker import track_usage
 
 from trace_dspy.cli import progress, with_dspy_context
 from trace_dspy.jsonl import AppendWriter, read_records
-from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.optimize.metric import COMPONENTS, EmpathyMetric, collapse_check
 from trace_dspy.optimize.scorers import (
     bleu,
     distinct_n,
@@ -108,7 +108,9 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
         return row
     row.update(score=scored.score, components=scored.components, feedback=scored.feedback,
                rules=scored.details.get("rules"), judge=scored.details.get("judge"),
-               similarity_kind=scored.details.get("similarity_kind"))
+               levels=scored.details.get("levels"), copied=scored.details.get("copied"),
+               similarity_kind=scored.details.get("similarity_kind"),
+               empathy_kind=scored.details.get("empathy_kind"))
     return row
 
 
@@ -122,8 +124,13 @@ def evaluate_program(
     results_path: str | os.PathLike | None = None,
     max_failure_rate: float | None = 0.5,
     desc: str = "evaluate",
+    reference_dist2: float | None = None,
 ) -> EvalResult:
-    """Evaluate ``program`` on ``examples``; resumes from ``results_path`` if it exists."""
+    """Evaluate ``program`` on ``examples``; resumes from ``results_path`` if it exists.
+
+    ``reference_dist2`` (the Dist-2 of the program this one would replace) arms
+    the collapse check's Dist-2 test.
+    """
     ids = [e.get("sample_id") or e.dialogue for e in examples]
     if len(set(ids)) != len(ids):
         raise ValueError("examples must have unique sample_id values")
@@ -170,11 +177,17 @@ def evaluate_program(
     failed = [r["error"] for r in ordered if "error" in r]
     if max_failure_rate is not None and ordered and len(failed) / len(ordered) > max_failure_rate:
         raise _too_many_failures(len(failed), len(ordered), max_failure_rate, failed[0], results_path)
-    return EvalResult(summarize(ordered), ordered, Path(results_path) if results_path else None)
+    summary = summarize(ordered, reference_dist2=reference_dist2, metric_config=metric.config)
+    return EvalResult(summary, ordered, Path(results_path) if results_path else None)
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Corpus-level numbers from per-example rows (failed rows score 0)."""
+def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None = None,
+              metric_config=None) -> dict[str, Any]:
+    """Corpus-level numbers from per-example rows (failed rows score 0).
+
+    ``collapsed`` flags replies that collapsed (few distinct ones, or Dist-2
+    at half of ``reference_dist2`` or below; see optimize.metric.collapse_check).
+    """
     if not rows:
         raise ValueError("no rows to summarise")
     ok = [r for r in rows if "error" not in r]
@@ -193,10 +206,19 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         summary["seconds_per_dialogue"] = sum(r["seconds"] for r in timed) / len(timed)
         for key in ("lm_calls", "prompt_tokens", "completion_tokens"):
             summary[f"{key}_per_dialogue"] = sum(r.get(key, 0) for r in timed) / len(timed)
-    for comp in ("emotion", "rules", "similarity", "relevance", "judge"):
+    for comp in COMPONENTS:
         value = safe_mean((r.get("components") or {}).get(comp) for r in ok)
         if value is not None:
-            summary[comp] = value
+            # "empathy" is the composite's name; the learned scorer's component is reported beside it.
+            summary["empathy_learned" if comp == "empathy" else comp] = value
+    for mech in ("ER", "IP", "EX"):
+        value = safe_mean((r.get("levels") or {}).get(mech) for r in ok)
+        if value is not None:
+            summary[f"level_{mech}"] = value
+    if ok:
+        summary["copied_rate"] = sum(bool(r.get("copied")) for r in ok) / len(ok)
+        summary["parrot_rate"] = sum(not (r.get("rules") or {}).get("not_parroting", True) for r in ok) / len(ok)
+    summary.update(collapse_check(ok_replies, reference_dist2=reference_dist2, config=metric_config))
     gold_emotions = [r.get("gold_emotion") for r in rows]
     if all(gold_emotions):
         summary["emotion_acc"] = emotion_accuracy(gold_emotions, [p.get("emotion") for p in preds])
@@ -218,8 +240,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for key in ("emotional_reaction", "interpretation", "exploration", "relevance", "fluency"):
             if judged:
                 summary[f"judge_{key}"] = sum(j[key] for j in judged) / len(judged)
-    kinds = {r.get("similarity_kind") for r in ok if r.get("similarity_kind")}
-    summary["similarity_kind"] = ",".join(sorted(kinds)) or None
+    for kind_key in ("similarity_kind", "empathy_kind"):
+        kinds = {r.get(kind_key) for r in ok if r.get(kind_key)}
+        summary[kind_key] = ",".join(sorted(kinds)) or None
     summary["distributions"] = {
         name: distribution(p.get(name) for p in preds if p)
         for name in ("emotion_group", "strategy", "cause_category")

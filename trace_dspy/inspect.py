@@ -35,8 +35,8 @@ from trace_dspy.artifacts import (
 )
 
 # The scores shown by default, in this order; --json has all of them.
-SCORE_KEYS = ("empathy", "emotion", "rules", "similarity", "relevance", "emotion_acc", "group_acc",
-              "bleu1", "rouge_l", "dist1", "dist2")
+SCORE_KEYS = ("empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "emotion", "rules",
+              "similarity", "relevance", "emotion_acc", "group_acc", "bleu1", "rouge_l", "dist1", "dist2")
 # Manifest fields that always differ between versions, or are shown elsewhere.
 _NOT_DIFFED = {"version", "created", "scores", "predictors"}
 

@@ -1,116 +1,240 @@
-"""Does the empathy metric measure what it claims? An AUC study on ED test items.
+"""Does the empathy metric measure empathy? The validity study behind its weights.
 
-    python -m trace_dspy.metric_validity --data ../shared/data/empathetic_dialogues --limit 500 --judge-limit 100
+    python -m trace_dspy.metric_validity --epitome ../shared/data/epitome \\
+        --data ../shared/data/empathetic_dialogues --limit 500 --output docs/metric_validity.json
 
-For each test item the gold reply is the positive. Two kinds of negative:
-``mismatched`` (the gold reply of a different conversation) and ``bland``
-("I see.", "That's nice." ...). For every metric component, the AUC is the
-probability that the positive scores above the negative. Reference-based
-components compare with the gold reply itself, so for them the positive is
-the reference and their AUC is 1 by construction; they are listed for
-completeness and kept apart from the reference-free components, which are the
-real test. The LM judge is run on the first ``--judge-limit`` items.
+Three parts:
+
+1. **Human ratings.** On the EPITOME posts held out from the scorer's fit (its
+   recorded seed and split), every reference-free component is correlated
+   (Spearman) with the human ER, IP and EX levels and their sum.
+   ``strategy_fit`` is read with the plan set to the mechanism of the column.
+2. **The scorer as a classifier** per mechanism: accuracy and macro-F1 next to
+   the majority class and the published RoBERTa bi-encoder.
+3. **Real against wrong replies on EmpatheticDialogues.** Each test item's gold
+   reply is the positive; the negatives are a bland reply, another
+   conversation's gold reply (mismatched), the speaker's own last turn
+   (parroted), one reply given to every item (constant: the gold reply of a
+   pool conversation), and that same reply when the metric knows it as a demo
+   (copied). AUC is the chance that the positive scores higher.
+
+``--search`` also grid-searches the reference-free weights (empathy,
+relevance, rules) for the composite whose worst ED AUC plus its EPITOME sum
+correlation is highest; the defaults in MetricConfig come from that search.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import dspy
 
-from trace_dspy.cli import add_model_args, progress, settings_from_args, setup_logging
-from trace_dspy.data import load_test
+from trace_dspy.cli import add_model_args, fail, progress, settings_from_args, setup_logging
+from trace_dspy.dialogue import normalize_dialogue
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig, weighted_mean
-from trace_dspy.optimize.scorers import auc, rouge_l, sentence_bleu, token_f1
 
 BLAND = ("I see.", "That's nice.", "Okay.", "Interesting.", "I understand.", "Cool.", "Alright then.", "Hmm, okay.")
-REFERENCE_BASED = ("similarity", "token_f1", "rouge_l", "bleu2")
-REFERENCE_FREE = ("rules", "relevance", "judge")
+NEGATIVES = ("bland", "mismatched", "parroted", "constant", "copied")
+FREE = ("empathy", "relevance", "rules")
+# Reference-based shares stay fixed (they are 1.0 by construction in any AUC
+# study against the gold reply); the search splits the rest.
+REFERENCE_SHARE = {"emotion": 0.2, "similarity": 0.2}
+# strategy_fit gets this share of the empathy weight (it needs a plan, which gold replies lack).
+STRATEGY_SHARE = 1 / 3
 
 
-def component_scores(metric: EmpathyMetric, example: dspy.Example, reply: str, judge=None) -> dict[str, float]:
-    pred = dspy.Prediction(response=reply, emotion=example.emotion)
-    scored = metric.evaluate(example, pred)
-    out = {k: v for k, v in scored.components.items() if v is not None and k != "emotion"}
-    out.update(token_f1=token_f1(example.response, reply), rouge_l=rouge_l(example.response, reply),
-               bleu2=sentence_bleu(example.response, reply, 2))
-    if judge is not None:
-        out["judge"] = judge(dialogue=example.dialogue, reply=reply).score
+def _components(metric: EmpathyMetric, example: dspy.Example, reply: str, strategy: str | None = None,
+                copy_sources=()) -> dict[str, float | None]:
+    pred = dspy.Prediction(response=reply, emotion=example.get("emotion"), strategy=strategy,
+                           secondary_strategy=None)
+    saved = metric.copy_sources
+    metric.copy_sources = tuple(copy_sources)
+    try:
+        scored = metric.evaluate(example, pred)
+    finally:
+        metric.copy_sources = saved
+    out = dict(scored.components)
+    out.update({m: v for m, v in (scored.details.get("levels") or {}).items()})
     return out
+
+
+def composite(components: dict[str, float | None], weights: dict[str, float]) -> float:
+    value = weighted_mean(components, weights)
+    return 0.0 if value is None else value * (components.get("grounded") if components.get("grounded")
+                                              is not None else 1.0)
+
+
+def free_weights(config: MetricConfig) -> dict[str, float]:
+    return {k: getattr(config, k) for k in FREE}
+
+
+def epitome_part(metric: EmpathyMetric, pairs, weights: dict[str, float]) -> dict[str, Any]:
+    from trace_dspy.epitome import MECHANISMS
+    from trace_dspy.optimize.scorers import spearman
+
+    rows = []
+    for p in progress(pairs, desc="EPITOME dev"):
+        ex = dspy.Example(dialogue=normalize_dialogue([p.seeker])).with_inputs("dialogue")
+        comp = _components(metric, ex, p.reply)
+        comp["strategy_fit"] = {m: _components(metric, ex, p.reply, strategy=m)["strategy_fit"] for m in MECHANISMS}
+        rows.append(comp)
+    human = {m: [p.level(m) for p in pairs] for m in MECHANISMS}
+    human["sum"] = [sum(p.levels) for p in pairs]
+    table = {}
+    names = ["empathy", *MECHANISMS, "strategy_fit", "relevance", "rules", "composite"]
+    for name in names:
+        table[name] = {}
+        for col, gold in human.items():
+            if name == "strategy_fit":
+                if col == "sum":
+                    continue
+                vals = [r["strategy_fit"][col] for r in rows]
+            elif name == "composite":
+                vals = [composite(r, weights) for r in rows]
+            else:
+                vals = [r.get(name) for r in rows]
+            if any(v is None for v in vals):
+                continue
+            table[name][col] = spearman(vals, gold)
+    return {"pairs": len(pairs), "posts": len({p.sp_id for p in pairs}), "spearman": table, "rows": rows}
+
+
+def ed_part(metric: EmpathyMetric, examples, constant: str) -> dict[str, list[dict]]:
+    from trace_dspy.dialogue import SPEAKER, parse_dialogue
+
+    n = len(examples)
+    conditions: dict[str, list[dict]] = {"gold": [], **{k: [] for k in NEGATIVES}}
+    for i, ex in enumerate(progress(examples, desc="ED items")):
+        last_turn = [t.text for t in parse_dialogue(ex.dialogue) if t.role == SPEAKER][-1]
+        conditions["gold"].append(_components(metric, ex, ex.response))
+        conditions["bland"].append(_components(metric, ex, BLAND[i % len(BLAND)]))
+        conditions["mismatched"].append(_components(metric, ex, examples[(i + n // 2) % n].response))
+        conditions["parroted"].append(_components(metric, ex, last_turn))
+        conditions["constant"].append(_components(metric, ex, constant))
+        conditions["copied"].append(_components(metric, ex, constant, copy_sources=[constant]))
+    return conditions
+
+
+def auc_table(conditions: dict[str, list[dict]], names: list[str], weights: dict[str, float]) -> dict[str, dict]:
+    from trace_dspy.optimize.scorers import auc
+
+    table: dict[str, dict] = {}
+    for name in names:
+        row: dict[str, Any] = {}
+        for neg in NEGATIVES:
+            pos_vals, neg_vals = [], []
+            for g, b in zip(conditions["gold"], conditions[neg]):
+                gv = composite(g, weights) if name == "composite" else g.get(name)
+                bv = composite(b, weights) if name == "composite" else b.get(name)
+                if gv is not None and bv is not None:
+                    pos_vals.append(gv)
+                    neg_vals.append(bv)
+            row[neg] = auc(pos_vals, neg_vals) if pos_vals else None
+        gold = [composite(g, weights) if name == "composite" else g.get(name) for g in conditions["gold"]]
+        gold = [v for v in gold if v is not None]
+        row["mean_gold"] = sum(gold) / len(gold) if gold else None
+        table[name] = row
+    return table
+
+
+def search_weights(ed: dict[str, list[dict]], ep_rows: list[dict], ep_sum: list[int], step: float = 0.1):
+    """Every split of the reference-free weight among empathy, relevance and rules (in ``step``s)."""
+    from trace_dspy.optimize.scorers import spearman
+
+    ticks = round(1 / step)
+    results = []
+    for a, b in itertools.product(range(ticks + 1), repeat=2):
+        if a + b > ticks:
+            continue
+        w = {"empathy": a * step, "relevance": b * step, "rules": (ticks - a - b) * step}
+        if sum(w.values()) <= 0:
+            continue
+        aucs = auc_table(ed, ["composite"], w)["composite"]
+        worst = min(v for k, v in aucs.items() if k in NEGATIVES and v is not None)
+        rho = spearman([composite(r, w) for r in ep_rows], ep_sum)
+        results.append({"weights": w, "worst_auc": worst, "epitome_sum_spearman": rho,
+                        "objective": worst + rho, **{f"auc_{k}": aucs[k] for k in NEGATIVES}})
+    results.sort(key=lambda r: -r["objective"])
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.metric_validity", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data")
-    parser.add_argument("--limit", type=int, default=500)
-    parser.add_argument("--judge-limit", type=int, default=100, help="items scored by the LM judge (0: none)")
+    parser.add_argument("--epitome", help="EPITOME folder (default: $TRACE_DSPY_EPITOME)")
+    parser.add_argument("--data", help="ED data (default: $TRACE_DSPY_DATA)")
+    parser.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--search", action="store_true", help="grid-search the reference-free weights")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     add_model_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
-    settings = settings_from_args(args)
+    settings_from_args(args)
+    from trace_dspy.data import load_splits, load_test
+    from trace_dspy.epitome import EpitomeError, load_epitome, split_by_post
+    from trace_dspy.jsonl import atomic_write_json
+    from trace_dspy.optimize.empathy_fit import PUBLISHED
+
+    config = MetricConfig()
+    metric = EmpathyMetric(config)
+    if metric.scorer is None:
+        return fail("the validity study needs the learned scorer, which needs the 'embed' extra")
+    meta = metric.scorer.meta
+    try:
+        epitome = load_epitome(args.epitome)
+    except EpitomeError as exc:
+        return fail(str(exc))
+    if epitome.fingerprint != meta.get("data_fingerprint"):
+        print(f"NOTE: EPITOME files {epitome.fingerprint} differ from the scorer's {meta.get('data_fingerprint')}; "
+              "the held-out split may overlap its training posts", file=sys.stderr)
+    _, dev = split_by_post(epitome.pairs, dev_fraction=meta.get("dev_fraction", 0.25), seed=meta.get("seed", 0))
     examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)
-    n = len(examples)
-    metric = EmpathyMetric(MetricConfig())
-    judge = None
-    if args.judge_limit:
-        from trace_dspy.lms import LMSet
-        from trace_dspy.optimize.judge import EmpathyJudge
+    pool = load_splits(args.data, seed=args.seed).train
+    constant = pool[0].response
+    weights = {**REFERENCE_SHARE, **free_weights(config)}
+    weights["strategy_fit"] = config.strategy_fit
 
-        judge = EmpathyJudge(lm=LMSet(settings.lm).role("judge"))
+    ep = epitome_part(metric, dev, weights)
+    ed = ed_part(metric, examples, constant)
+    names = ["empathy", "ER", "IP", "EX", "relevance", "rules", "composite"]
+    ed_table = auc_table(ed, names, weights)
+    search = search_weights(ed, ep["rows"], [sum(p.levels) for p in dev]) if args.search else None
 
-    conditions = {"gold": [], "mismatched": [], "bland": []}
-    for i, ex in enumerate(progress(examples, desc="scoring")):
-        other = examples[(i + n // 2) % n]
-        use_judge = judge if i < args.judge_limit else None
-        conditions["gold"].append(component_scores(metric, ex, ex.response, use_judge))
-        conditions["mismatched"].append(component_scores(metric, ex, other.response, use_judge))
-        conditions["bland"].append(component_scores(metric, ex, BLAND[i % len(BLAND)], use_judge))
-
-    default_weights = {k: v for k, v in MetricConfig().weights().items() if k != "emotion"}
-    free_weights = {"rules": 0.5, "relevance": 0.5}
-    free_judge_weights = {"rules": 0.3, "relevance": 0.3, "judge": 0.4}
-    for rows in conditions.values():
-        for r in rows:
-            r["composite (default weights, emotion excluded)"] = weighted_mean(r, default_weights)
-            r["composite (reference-free: rules + relevance)"] = weighted_mean(r, free_weights)
-            if "judge" in r:
-                r["composite (reference-free with judge)"] = weighted_mean(r, free_judge_weights)
-
-    free = [k for k in REFERENCE_FREE if judge is not None or k != "judge"]
-    names = [*REFERENCE_BASED, *free, *[k for k in conditions["gold"][0] if k.startswith("composite")]]
-    if judge is not None and "composite (reference-free with judge)" not in names:
-        names.append("composite (reference-free with judge)")
-    table = []
-    for name in names:
-        row = {"component": name, "kind": "reference-based" if name in REFERENCE_BASED or "default" in name
-               else "reference-free"}
-        for neg in ("mismatched", "bland"):
-            pairs = [(g[name], b[name]) for g, b in zip(conditions["gold"], conditions[neg])
-                     if g.get(name) is not None and b.get(name) is not None]
-            row[f"auc_vs_{neg}"] = auc([p for p, _ in pairs], [q for _, q in pairs]) if pairs else None
-            row["n"] = len(pairs)
-        row["mean_gold"] = sum(g[name] for g in conditions["gold"] if g.get(name) is not None) / max(1, row["n"])
-        table.append(row)
-
-    print("| component | kind | n | AUC vs mismatched | AUC vs bland | mean (gold) |\n| --- | --- | ---: | ---: | ---: | ---: |")
-    for row in table:
-        cells = [f"{row[k]:.3f}" if isinstance(row.get(k), float) else "-" for k in
-                 ("auc_vs_mismatched", "auc_vs_bland", "mean_gold")]
-        print(f"| {row['component']} | {row['kind']} | {row['n']} | " + " | ".join(cells) + " |")
-    print(f"\nsimilarity: {metric.similarity_kind}; judge LM: {settings.lm.for_role('judge').model if judge else 'none'}")
+    print(f"## EPITOME held-out posts ({ep['pairs']} pairs, {ep['posts']} posts): Spearman with human levels\n")
+    print("| component | ER | IP | EX | sum |\n| --- | ---: | ---: | ---: | ---: |")
+    for name, row in ep["spearman"].items():
+        print(f"| {name} | " + " | ".join(f"{row[c]:.3f}" if c in row else "-" for c in ("ER", "IP", "EX", "sum"))
+              + " |")
+    print("\n## The scorer as a classifier (EPITOME held-out posts)\n")
+    print("| mechanism | accuracy | macro-F1 | majority acc | majority macro-F1 | published acc | published macro-F1 |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for mech in ("ER", "IP", "EX"):
+        row = meta["dev_table"][mech]
+        print(f"| {mech} | {row['accuracy']:.3f} | {row['macro_f1']:.3f} | {row['majority_accuracy']:.3f} | "
+              f"{row['majority_macro_f1']:.3f} | {PUBLISHED[mech]['accuracy']:.2f} | {PUBLISHED[mech]['macro_f1']:.2f} |")
+    print(f"\n## EmpatheticDialogues test ({len(examples)} items): AUC of gold against each negative\n")
+    print("| component | " + " | ".join(NEGATIVES) + " | mean on gold |\n| --- |" + " ---: |" * (len(NEGATIVES) + 1))
+    for name, row in ed_table.items():
+        print(f"| {name} | " + " | ".join(f"{row[k]:.3f}" if row[k] is not None else "-"
+                                          for k in (*NEGATIVES, "mean_gold")) + " |")
+    if search:
+        print("\n## Weight search (top 5 by worst ED AUC + EPITOME sum Spearman)\n")
+        for r in search[:5]:
+            print(f"- {r['weights']}: worst AUC {r['worst_auc']:.3f}, EPITOME sum rho {r['epitome_sum_spearman']:.3f}")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({
-            "command": "python -m trace_dspy.metric_validity " + shlex.join(argv), "items": n,
-            "judge_items": min(args.judge_limit, n), "similarity_kind": metric.similarity_kind, "table": table,
-        }, indent=2))
+        atomic_write_json(args.output, {
+            "command": "python -m trace_dspy.metric_validity " + shlex.join(argv),
+            "ed_items": len(examples), "constant_reply": constant, "weights": weights,
+            "metric_config": config.to_dict(), "scorer_fingerprint": meta.get("data_fingerprint"),
+            "epitome": {k: v for k, v in ep.items() if k != "rows"}, "classifier": meta["dev_table"],
+            "published": PUBLISHED, "ed_auc": ed_table, "search": search[:20] if search else None,
+        })
     return 0
 
 
