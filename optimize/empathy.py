@@ -177,17 +177,17 @@ class Head:
 
 
 def fit_softmax(x: np.ndarray, y: np.ndarray, *, l2: float, iterations: int = 400,
-                class_weight: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                class_weight: np.ndarray | None = None, classes: int = LEVELS) -> tuple[np.ndarray, np.ndarray]:
     """L2-regularized softmax regression on standardized ``x`` by Nesterov gradient descent.
 
     Deterministic (no random initialisation); ``class_weight`` rebalances rare levels.
     """
     x = np.asarray(x, dtype=np.float64)  # mixed float32/float64 products are several times slower
     n, d = x.shape
-    onehot = np.eye(LEVELS)[y]
+    onehot = np.eye(classes)[y]
     sample_w = np.ones(n) if class_weight is None else class_weight[y]
     sample_w = sample_w / sample_w.sum()
-    w = np.zeros((d, LEVELS))
+    w = np.zeros((d, classes))
     b = np.log((onehot * sample_w[:, None]).sum(0) + 1e-3)
     vw, vb = w.copy(), b.copy()
     # 1 / (a bound on the loss's curvature): softmax cross-entropy curves by at most 1/2 per unit of |x|^2.

@@ -64,12 +64,16 @@ MISSING_LEVEL = 0.8
 
 @dataclass(frozen=True)
 class MetricConfig:
+    # Reference-based parts (they need the gold emotion and reply).
     emotion: float = 0.2
-    empathy: float = 0.2
-    strategy_fit: float = 0.1
-    relevance: float = 0.2
-    rules: float = 0.1
     similarity: float = 0.2
+    # Reference-free parts: empathy, relevance and rules split 3:1:1 as the validity
+    # study's weight search chose (docs/metric.md); strategy_fit needs a plan and is
+    # checked against human levels per mechanism instead.
+    empathy: float = 0.3
+    relevance: float = 0.1
+    rules: float = 0.1
+    strategy_fit: float = 0.1
     judge: float = 0.0
     group_credit: float = 0.5
     # With DSPy's ``trace`` set (bootstrapping), a demo is kept when the score reaches this.

@@ -25,7 +25,9 @@ STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_respo
 
 def reply_for(outputs, inputs):
     if "response" in outputs:
-        return {"response": "Losing that at the beach sounds awful; how are you holding up?"}
+        # Distinct per dialogue, so that the collapse check stays quiet.
+        words = inputs["dialogue"].split()[-3:]
+        return {"response": f"Losing that at the beach sounds awful; {' '.join(words)} how are you holding up?"}
     if "emotion" in outputs and "dialogue" in inputs:  # right on some, wrong on others
         return {"emotion": "sad" if len(inputs["dialogue"]) % 2 else "joyful"}
     return {}
@@ -240,6 +242,22 @@ def test_champion_moves_only_on_a_strictly_better_score(tmp_path):
     assert champion(tracking_uri=uri) == (1, 0.5)
     assert promote_if_better(4, 0.50001, tracking_uri=uri) is True
     assert champion(tracking_uri=uri) == (4, 0.50001)
+
+
+def test_a_collapsed_program_never_becomes_champion(fake_models, tmp_path, monkeypatch, capsys):
+    import trace_dspy.registry as registry
+
+    def constant(outputs, inputs):
+        return {"response": "A guy kicked his beagle because it did not come."} if "response" in outputs else {}
+
+    lm, _ = fake_lm(constant)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "COLLAPSED" in out and "champion unchanged" in out
+    assert registry.champion("trace-dspy", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}") is None
+    manifest = json.loads((tmp_path / "artifacts/trace-dspy/v0001/manifest.json").read_text())
+    assert manifest["scores"]["dev_after"]["collapsed"] is True
 
 
 def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):

@@ -742,6 +742,8 @@ def _quality(args, argv, settings: Settings) -> int:
     metric = build_metric(settings, lms)
     retriever = default_retriever(settings.program, source, seed=args.seed)
     splits = load_splits(source, seed=args.seed, train_size=args.train, dev_size=args.dev) if args.optimizers else None
+    if splits is not None:  # what the compiled systems' demos show: a reply that copies one scores 0
+        metric.add_copy_sources(e.response for e in splits.train)
     out_dir = args.output_dir or Path("runs/bench")
     rows_dir = out_dir / "quality_rows"
     if args.fresh and rows_dir.exists():

@@ -44,6 +44,17 @@ TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotio
               "completion_tokens_per_dialogue")
 
 
+def demo_replies(program) -> list[str]:
+    """The replies in a program's few-shot demos: what its output must not copy."""
+    out = []
+    for _, predictor in program.named_predictors():
+        for demo in predictor.demos:
+            reply = demo.get("response") if hasattr(demo, "get") else None
+            if isinstance(reply, str):
+                out.append(reply)
+    return out
+
+
 def build_metric(settings: Settings, lms=None):
     """The empathy metric from ``[metric]``, with its judge when the judge weight is on."""
     from trace_dspy.optimize.judge import EmpathyJudge
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
         loaded = load_for_run(args.program, settings, data=source, seed=args.seed)
         metric = build_metric(settings, loaded.lms)
+        metric.add_copy_sources(demo_replies(loaded.program))
     except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
 
@@ -221,8 +233,9 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
         except FailureRateExceeded as exc:
             return fail(f"{name}: {exc}", code=1)
     full = [r.get("score", 0.0) for r in results["full"].rows]
-    lines = ["| variant | empathy | diff vs full [95% CI] | emotion_acc | similarity | rules | failed |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| variant | empathy | diff vs full [95% CI] | learned empathy | strategy fit | relevance | emotion_acc | "
+             "similarity | rules | Dist-2 | collapsed | failed |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     table = {}
     for name, result in results.items():
         scores = [r.get("score", 0.0) for r in result.rows]
@@ -231,8 +244,10 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
         table[name] = {**{k: v for k, v in summ.items() if k != "distributions"},
                        "diff_vs_full": diff, "ci_low": low, "ci_high": high}
         ci = "-" if name == "full" else f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]"
-        lines.append(f"| {name} | {summ['empathy']:.4f} | {ci} | {summ.get('emotion_acc', 0):.4f} | "
-                     f"{summ.get('similarity', 0):.4f} | {summ.get('rules', 0):.4f} | {summ['failed']} |")
+        cells = [f"{summ[k]:.4f}" if isinstance(summ.get(k), float) else "-"
+                 for k in ("empathy_learned", "strategy_fit", "relevance", "emotion_acc", "similarity", "rules")]
+        lines.append(f"| {name} | {summ['empathy']:.4f} | {ci} | " + " | ".join(cells)
+                     + f" | {summ.get('dist2', 0):.1f} | {'yes' if summ.get('collapsed') else 'no'} | {summ['failed']} |")
     print("\n".join(lines))
     atomic_write_json(out_dir / "ablation.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
                                                   "run": parts, "table": table})
