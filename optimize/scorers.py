@@ -33,9 +33,15 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 
 def tokenize(text: str) -> list[str]:
     """Lower-cased word tokens (Treebank rules applied to each sentence)."""
+    return list(_tokens(str(text)))
+
+
+@lru_cache(maxsize=50_000)
+def _tokens(text: str) -> tuple[str, ...]:
+    # Cached: the metric tokenizes the same speaker turns and demo replies for every example.
     treebank = _treebank()
-    text = " ".join(str(text).lower().split())
-    return [tok for sentence in _SENTENCE_BREAK.split(text) if sentence for tok in treebank.tokenize(sentence)]
+    text = " ".join(text.lower().split())
+    return tuple(tok for sentence in _SENTENCE_BREAK.split(text) if sentence for tok in treebank.tokenize(sentence))
 
 
 _WORD = re.compile(r"[a-z0-9]")

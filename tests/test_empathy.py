@@ -261,3 +261,25 @@ def test_a_constant_reply_program_scores_below_a_diverse_one_and_is_flagged(scor
     assert good.summary["collapsed"] is False and bad.summary["collapsed"] is True
     assert bad.score < good.score - 0.1
     assert good.summary["empathy_learned"] > bad.summary["empathy_learned"]
+
+
+def test_validity_search_ranks_weights_by_the_nearer_target():
+    from trace_dspy import metric_validity as mv
+
+    def row(emp, rel, rules, grounded=1.0):
+        return {"empathy": emp, "relevance": rel, "rules": rules, "grounded": grounded}
+
+    # On ED, relevance separates gold from every negative; empathy does not.
+    ed = {"gold": [row(0.3, 0.6 + i / 100, 1.0) for i in range(10)]}
+    for neg in mv.NEGATIVES:
+        ed[neg] = [row(0.5, 0.2 + i / 100, 1.0, 0.0 if neg in ("parroted", "copied") else 1.0) for i in range(10)]
+    # On EPITOME, empathy follows the human sum; relevance is noise.
+    human = list(range(10))
+    ep_rows = [row(h / 10, (h * 7 % 10) / 10, 0.5) for h in human]
+    results = mv.search_weights(ed, ep_rows, human)
+    best = results[0]
+    assert best["objective"] == max(r["objective"] for r in results)
+    assert best["objective"] == pytest.approx(min(best["worst_auc"] / 0.90, best["epitome_sum_spearman"] / 0.55))
+    only_empathy = next(r for r in results if r["weights"]["empathy"] == pytest.approx(1.0))
+    assert only_empathy["auc_mismatched"] < 0.5 < best["auc_mismatched"]
+    assert 0 < best["weights"]["empathy"] < 1 and best["weights"]["relevance"] > 0

@@ -552,7 +552,7 @@ def compile_markdown(result: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- CLI
 
-SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile")
+SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer")
 
 
 def _int_list(text: str) -> list[int]:
@@ -579,7 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
                             ("overhead", "framework time per stage call with a zero-latency fake LM"),
                             ("concurrency", "throughput by thread count against a loopback fake server"),
                             ("embedded", "the embedded model against raw llama.cpp (bench_local)"),
-                            ("compile", "wall time and LM calls of the default compile, cold then warm cache")):
+                            ("compile", "wall time and LM calls of the default compile, cold then warm cache"),
+                            ("scorer", "milliseconds per example of the empathy metric, embeddings cold then cached")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "embedded":
             continue  # its flags belong to trace_dspy.bench_local
@@ -614,11 +615,46 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--latency", type=float, default=0.2, help="server latency per call, seconds")
             p.add_argument("--levels", type=_int_list, default=[1, 2, 4, 8, 16, 32], help="thread counts")
             p.add_argument("--per-thread", type=int, default=4, help="dialogues per thread at each level")
+        elif name == "scorer":
+            p.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
         elif name == "compile":
             p.add_argument("--optimizer", default=None, help="default: the compile command's default")
             p.add_argument("--train", type=int, default=16)
             p.add_argument("--dev", type=int, default=16)
     return parser
+
+
+def measure_scorer(examples: Sequence[dspy.Example], metric) -> dict[str, Any]:
+    """Per-example cost of ``metric.evaluate`` on the gold replies: a first pass that embeds
+    (cold), then a pass with every embedding cached; wall and thread-CPU clocks."""
+    preds = [dspy.Prediction(response=e.response, emotion=e.emotion, strategy="EX", secondary_strategy="ER")
+             for e in examples]
+    passes = {}
+    for name in ("cold", "cached"):
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        for example, pred in zip(examples, preds):
+            metric.evaluate(example, pred)
+        passes[name] = {"wall_ms_per_example": 1000 * (time.perf_counter() - wall0) / len(examples),
+                        "cpu_ms_per_example": 1000 * (time.thread_time() - cpu0) / len(examples)}
+    return {"examples": len(examples), "torch_threads": _torch_threads(), **passes}
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+
+        return torch.get_num_threads()
+    except ImportError:
+        return None
+
+
+def scorer_markdown(result: dict[str, Any]) -> str:
+    lines = [f"{result['examples']} ED test items (gold replies), metric.evaluate per example",
+             "", "| pass | wall ms / example | thread CPU ms / example |", "| --- | ---: | ---: |"]
+    for name in ("cold", "cached"):
+        row = result[name]
+        lines.append(f"| {name} | {row['wall_ms_per_example']:.2f} | {row['cpu_ms_per_example']:.2f} |")
+    return "\n".join(lines)
 
 
 def _finish(args, argv, name: str, result: dict[str, Any], table: str) -> int:
@@ -713,6 +749,18 @@ def main(argv: list[str] | None = None) -> int:
             return _finish(args, argv, "concurrency", result, concurrency_markdown(result))
         if args.command == "compile":
             return _compile(args, argv, settings)
+        if args.command == "scorer":
+            if args.limit < 1:
+                return fail("--limit must be at least 1")
+            from trace_dspy.data import load_test, resolve_source
+            from trace_dspy.evaluate import build_metric
+
+            source = resolve_source(settings.data_source(args.data), seed=args.seed)
+            metric = build_metric(settings)
+            if metric.scorer is None:
+                return fail("the scorer bench needs the learned scorer (the 'embed' extra)")
+            result = measure_scorer(load_test(source, limit=args.limit, seed=args.seed), metric)
+            return _finish(args, argv, "scorer", result, scorer_markdown(result))
     except (ConfigError, DataError, FileNotFoundError, ValueError, ImportError) as exc:
         return fail(str(exc))
     except KeyboardInterrupt:

@@ -249,7 +249,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
 
                 mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
                                  "trace_dspy.registry_version": str(registry_version),
-                                 "trace_dspy.champion": str(promoted)})
+                                 "trace_dspy.champion": str(promoted),
+                                 "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
     return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
                          time.perf_counter() - started)
 

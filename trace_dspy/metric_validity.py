@@ -42,6 +42,9 @@ from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig, weighted_mea
 BLAND = ("I see.", "That's nice.", "Okay.", "Interesting.", "I understand.", "Cool.", "Alright then.", "Hmm, okay.")
 NEGATIVES = ("bland", "mismatched", "parroted", "constant", "copied")
 FREE = ("empathy", "relevance", "rules")
+# The reference-free mix before the learned scorer (the old study's "rules + relevance").
+OLD_FREE = {"rules": 0.5, "relevance": 0.5}
+OLD_NAME = "composite before the learned scorer (rules + relevance)"
 # The targets: reference-free AUC against each negative, and Spearman with the human sum.
 AUC_TARGET, RHO_TARGET = 0.90, 0.55
 
@@ -94,7 +97,7 @@ def epitome_part(metric: EmpathyMetric, pairs, weights: dict[str, float]) -> dic
     human = {m: [p.level(m) for p in pairs] for m in MECHANISMS}
     human["sum"] = [sum(p.levels) for p in pairs]
     table = {}
-    names = ["empathy", *MECHANISMS, "strategy_fit", "relevance", "rules", "composite"]
+    names = ["empathy", *MECHANISMS, "strategy_fit", "relevance", "rules", "composite", OLD_NAME]
     for name in names:
         table[name] = {}
         for col, gold in human.items():
@@ -104,6 +107,8 @@ def epitome_part(metric: EmpathyMetric, pairs, weights: dict[str, float]) -> dic
                 vals = [r["fit_by_plan"][col] for r in rows]
             elif name == "composite":
                 vals = [composite(r, weights) for r in rows]
+            elif name == OLD_NAME:
+                vals = [weighted_mean(r, OLD_FREE) for r in rows]
             else:
                 vals = [r.get(name) for r in rows]
             if any(v is None for v in vals):
@@ -135,6 +140,14 @@ def ed_part(metric: EmpathyMetric, examples, constant: str) -> dict[str, list[di
     return conditions
 
 
+def _value(name: str, components: dict, weights: dict[str, float]) -> float | None:
+    if name == "composite":
+        return composite(components, weights)
+    if name == "old":  # the old mix had no grounding factor
+        return weighted_mean(components, weights)
+    return components.get(name)
+
+
 def auc_table(conditions: dict[str, list[dict]], names: list[str], weights: dict[str, float]) -> dict[str, dict]:
     from trace_dspy.optimize.scorers import auc
 
@@ -144,13 +157,13 @@ def auc_table(conditions: dict[str, list[dict]], names: list[str], weights: dict
         for neg in NEGATIVES:
             pos_vals, neg_vals = [], []
             for g, b in zip(conditions["gold"], conditions[neg]):
-                gv = composite(g, weights) if name == "composite" else g.get(name)
-                bv = composite(b, weights) if name == "composite" else b.get(name)
+                gv = _value(name, g, weights)
+                bv = _value(name, b, weights)
                 if gv is not None and bv is not None:
                     pos_vals.append(gv)
                     neg_vals.append(bv)
             row[neg] = auc(pos_vals, neg_vals) if pos_vals else None
-        gold = [composite(g, weights) if name == "composite" else g.get(name) for g in conditions["gold"]]
+        gold = [_value(name, g, weights) for g in conditions["gold"]]
         gold = [v for v in gold if v is not None]
         row["mean_gold"] = sum(gold) / len(gold) if gold else None
         table[name] = row
@@ -223,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     # The default composite also holds reference-based parts (similarity to the gold reply, emotion),
     # which are 1.0 on the positive by construction here; listed so that nobody mistakes it for evidence.
     ed_table["composite (default, with reference parts)"] = auc_table(ed, ["composite"], default_weights)["composite"]
+    ed_table[OLD_NAME] = auc_table(ed, ["old"], OLD_FREE)["old"]
     search = search_weights(ed, ep["rows"], [sum(p.levels) for p in dev]) if args.search else None
 
     print(f"## EPITOME held-out posts ({ep['pairs']} pairs, {ep['posts']} posts): Spearman with human levels\n")
