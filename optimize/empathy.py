@@ -37,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
-MECHANISMS = ("ER", "IP", "EX")
+from trace_dspy.labels import STRATEGIES
+
+MECHANISMS = STRATEGIES  # ER, IP, EX: EPITOME's mechanisms are TRACE's strategies
 LEVELS = 3
 FEATURE_VERSION = 1
 WEIGHTS_FILE = Path(__file__).with_name("empathy_head.npz")

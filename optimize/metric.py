@@ -38,7 +38,7 @@ import dspy
 
 from trace_dspy.config import ConfigError, from_table
 from trace_dspy.dialogue import SPEAKER, parse_dialogue
-from trace_dspy.labels import EMOTION_TO_GROUP
+from trace_dspy.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.optimize.scorers import (
     content_words,
     distinct_n,
@@ -52,7 +52,7 @@ from trace_dspy.optimize.scorers import (
 
 log = logging.getLogger(__name__)
 _UNSET = object()
-MECHANISMS = ("ER", "IP", "EX")
+MECHANISMS = STRATEGIES
 _MISSING = {
     "ER": "shows no warmth or concern (no emotional reaction)",
     "IP": "shows no understanding of what the speaker feels or went through (no interpretation)",

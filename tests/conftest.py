@@ -50,12 +50,28 @@ def _isolate_mlflow(monkeypatch):
         pass
 
 
+@pytest.fixture(scope="session")
+def epitome_dir() -> Path:
+    """The EPITOME CSV folder: $TRACE_DSPY_EPITOME or ../shared beside the repo."""
+    for c in (os.environ.get("TRACE_DSPY_EPITOME"), str(REPO.parent / "shared/data/epitome")):
+        if c and (Path(c) / "explorations-reddit.csv").is_file():
+            return Path(c)
+    required("EPITOME CSVs not found (set TRACE_DSPY_EPITOME)")
+
+
 @pytest.fixture
 def fake():
     """A fake LM configured for the test; yields the engine that records calls."""
     lm, engine = fake_lm()
     with dspy.context(lm=lm):
         yield engine
+
+
+def required(what: str) -> None:
+    """A missing prerequisite skips locally and fails in CI, where everything is installed."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} (required in CI)")
+    pytest.skip(what)
 
 
 @pytest.fixture(scope="session")
@@ -68,9 +84,7 @@ def ed_dir() -> Path:
     for c in candidates:
         if c and (Path(c) / "test.csv").is_file():
             return Path(c)
-    if os.environ.get("CI"):
-        pytest.fail("EmpatheticDialogues CSVs not found; set TRACE_DSPY_DATA")
-    pytest.skip("EmpatheticDialogues CSVs not found (set TRACE_DSPY_DATA)")
+    required("EmpatheticDialogues CSVs not found (set TRACE_DSPY_DATA)")
 
 
 def _local_available() -> bool:
@@ -83,9 +97,7 @@ def _local_available() -> bool:
 def local_model():
     """The embedded model's path; a missing 'local' extra skips locally and fails in CI."""
     if not _local_available():
-        if os.environ.get("CI"):
-            pytest.fail("the 'local' extra is not installed")
-        pytest.skip("the 'local' extra is not installed")
+        required("the 'local' extra is not installed")
     from trace_dspy.local_lm import default_model_path
 
     return default_model_path()

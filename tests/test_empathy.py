@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 
 import dspy
 import numpy as np
@@ -17,7 +15,8 @@ from trace_dspy.optimize.empathy import NO_EMBED, WEIGHTS_FILE, EmpathyScorer, H
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig, collapse_check, strategy_fit
 from trace_dspy.testing import fake_lm
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import required
+
 EX = dspy.Example(dialogue="Speaker: I failed my driving test again.", emotion="disappointed",
                   response="Oh no, what happened this time?").with_inputs("dialogue")
 
@@ -77,9 +76,7 @@ def scorer():
     from trace_dspy.optimize.similarity import embedder_available
 
     if not embedder_available():
-        if os.environ.get("CI"):
-            pytest.fail("the 'embed' extra is not installed")
-        pytest.skip("the 'embed' extra is not installed")
+        required("the 'embed' extra is not installed")
     return EmpathyScorer()
 
 
@@ -103,16 +100,6 @@ def test_scorer_tells_the_mechanisms_apart(scorer):
     assert asks["EX"] > warm["EX"] + 0.3 and asks["EX"] > flat["EX"] + 0.3
     assert warm["ER"] > flat["ER"] + 0.3
     assert flat["empathy"] < min(asks["empathy"], warm["empathy"])
-
-
-@pytest.fixture(scope="module")
-def epitome_dir() -> Path:
-    for c in (os.environ.get("TRACE_DSPY_EPITOME"), str(REPO.parent / "shared/data/epitome")):
-        if c and (Path(c) / "explorations-reddit.csv").is_file():
-            return Path(c)
-    if os.environ.get("CI"):
-        pytest.fail("EPITOME CSVs not found; set TRACE_DSPY_EPITOME")
-    pytest.skip("EPITOME CSVs not found (set TRACE_DSPY_EPITOME)")
 
 
 @pytest.mark.slow

@@ -26,8 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trace_dspy.labels import STRATEGIES
+
 ENV_VAR = "TRACE_DSPY_EPITOME"
-MECHANISMS = ("ER", "IP", "EX")
+# EPITOME's mechanisms are TRACE's strategies, in the same order.
+MECHANISMS = STRATEGIES
 FILES = {
     "ER": "emotional-reactions-reddit.csv",
     "IP": "interpretations-reddit.csv",
