@@ -37,7 +37,7 @@ from typing import Any
 import dspy
 
 from trace_dspy.config import ConfigError, from_table
-from trace_dspy.dialogue import SPEAKER, parse_dialogue
+from trace_dspy.dialogue import speaker_turns
 from trace_dspy.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.optimize.scorers import (
     content_words,
@@ -80,7 +80,8 @@ class MetricConfig:
     threshold: float = 0.5
     # "auto" (semantic when the embed extra is installed), "semantic" or "token_f1".
     similarity_kind: str = "auto"
-    # A reply whose token F1 with the speaker's words or with a demo's reply reaches this is a copy.
+    # A reply whose token F1 with a demo's or a retrieved example's reply reaches this is a copy
+    # (parroting the speaker uses the rules' own threshold, optimize.scorers.COPY_F1).
     copy_f1: float = 0.8
     # Semantic relevance below this scales the score down (relevance / floor); 0 turns that off.
     relevance_floor: float = 0.2
@@ -269,9 +270,9 @@ class EmpathyMetric:
             details["judge"] = {k: judged[k] for k in (*type(self.judge).FIELDS, "justification")}
         score = weighted_mean(components, cfg.weights())
         score = 0.0 if score is None else score * grounded
-        return Scored(score, components, details, self._notes(example, pred, components, rules, details))
+        return Scored(score, components, details, self._notes(example, pred, speaker, components, rules, details))
 
-    def _notes(self, example, pred, components, rules, details) -> list[tuple[str, str]]:
+    def _notes(self, example, pred, speaker, components, rules, details) -> list[tuple[str, str]]:
         notes: list[tuple[str, str]] = []
         gold, predicted = example.get("emotion"), _get(pred, "emotion")
         if gold and predicted != gold:
@@ -280,7 +281,6 @@ class EmpathyMetric:
                          + (" (same Ekman group, half credit)." if same_group else
                             f" (group {EMOTION_TO_GROUP.get(gold)}, not {EMOTION_TO_GROUP.get(predicted)}).")))
         reply = _get(pred, "response") or ""
-        speaker = " ".join(_speaker_turns(example))
         if not rules["not_parroting"]:
             notes.append(("parrot", "The reply repeats the speaker's words; answer them as the listener instead."))
         if "copied" in details:
@@ -374,15 +374,14 @@ def _get(pred, name):
 
 def _speaker_turns(example) -> list[str]:
     try:
-        return [t.text for t in parse_dialogue(example.dialogue) if t.role == SPEAKER]
+        return speaker_turns(example.dialogue)
     except Exception:  # a malformed dialogue has no speaker words to reuse
         return []
 
 
 def _exemplar_replies(exemplars) -> list[str]:
-    """The listener replies inside formatted exemplars (trace_dspy.retrieval.format_exemplar)."""
-    out = []
-    for text in exemplars or []:
-        if isinstance(text, str) and "Listener (reply):" in text:
-            out.append(text.rsplit("Listener (reply):", 1)[1].strip())
-    return out
+    """The listener replies inside a prediction's formatted exemplars."""
+    from trace_dspy.retrieval import exemplar_reply
+
+    replies = (exemplar_reply(text) for text in exemplars or [] if isinstance(text, str))
+    return [r for r in replies if r is not None]

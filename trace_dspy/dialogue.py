@@ -132,6 +132,11 @@ def normalize_dialogue(dialogue) -> str:
     return render_dialogue(parse_dialogue(dialogue))
 
 
+def speaker_turns(dialogue: str) -> list[str]:
+    """The speaker's turns of a dialogue, in order."""
+    return [t.text for t in parse_dialogue(dialogue) if t.role == SPEAKER]
+
+
 def speaker_text(dialogue: str) -> str:
     """All of the speaker's words in a canonical dialogue, joined by spaces."""
-    return " ".join(t.text for t in parse_dialogue(dialogue) if t.role == SPEAKER)
+    return " ".join(speaker_turns(dialogue))

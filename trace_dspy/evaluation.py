@@ -21,7 +21,7 @@ from dspy.utils.usage_tracker import track_usage
 
 from trace_dspy.cli import progress, with_dspy_context
 from trace_dspy.jsonl import AppendWriter, read_records
-from trace_dspy.optimize.metric import COMPONENTS, EmpathyMetric, collapse_check
+from trace_dspy.optimize.metric import COMPONENTS, MECHANISMS, EmpathyMetric, collapse_check
 from trace_dspy.optimize.scorers import (
     bleu,
     distinct_n,
@@ -211,7 +211,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         if value is not None:
             # "empathy" is the composite's name; the learned scorer's component is reported beside it.
             summary["empathy_learned" if comp == "empathy" else comp] = value
-    for mech in ("ER", "IP", "EX"):
+    for mech in MECHANISMS:
         value = safe_mean((r.get("levels") or {}).get(mech) for r in ok)
         if value is not None:
             summary[f"level_{mech}"] = value

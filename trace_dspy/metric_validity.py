@@ -118,10 +118,10 @@ def epitome_part(metric: EmpathyMetric, pairs, weights: dict[str, float]) -> dic
 
 
 def ed_part(metric: EmpathyMetric, examples, constant: str) -> dict[str, list[dict]]:
-    from trace_dspy.dialogue import SPEAKER, parse_dialogue
+    from trace_dspy.dialogue import speaker_turns
 
     n = len(examples)
-    turns = [[t.text for t in parse_dialogue(ex.dialogue) if t.role == SPEAKER] for ex in examples]
+    turns = [speaker_turns(ex.dialogue) for ex in examples]
     replies = {
         "gold": [ex.response for ex in examples],
         "bland": [BLAND[i % len(BLAND)] for i in range(n)],

@@ -65,8 +65,17 @@ def conversation_key(dialogue: str) -> str:
     return hashlib.sha1(" ".join(first.lower().split()).encode()).hexdigest()[:16]
 
 
+_REPLY_MARK = "\nListener (reply): "
+
+
 def format_exemplar(item: dict[str, Any]) -> str:
-    return f"{item['dialogue']}\nListener (reply): {item['response']}"
+    return f"{item['dialogue']}{_REPLY_MARK}{item['response']}"
+
+
+def exemplar_reply(text: str) -> str | None:
+    """The gold reply inside a formatted exemplar, or None if ``text`` is not one."""
+    head, mark, reply = text.rpartition(_REPLY_MARK.strip())
+    return reply.strip() if mark else None
 
 
 def _tokenize(texts: Sequence[str]):
