@@ -8,8 +8,10 @@ Components (each in [0, 1]):
   over 6 (reference-free; needs the ``embed`` extra, and is off without it);
 - ``strategy_fit``: does the reply realize the planned primary and secondary
   strategies (the scorer's level for them, against the others)?
-- ``relevance``: cosine similarity between the reply and the speaker's words
-  (MiniLM; token F1 without the ``embed`` extra);
+- ``relevance``: does the reply answer this speaker? The learned relevance
+  head (trace_dspy.optimize.relevance): P(fits) from the MiniLM embeddings of
+  the speaker's words, their last turn and the reply, fitted on the ED pool;
+  token F1 without the ``embed`` extra;
 - ``rules``: share of TRACE's reply rules met (one or two sentences, reuses a
   detail of the speaker's words, no unsolicited advice, does not parrot);
 - ``similarity``: cosine similarity to the gold reply (token F1 without the extra);
@@ -67,12 +69,14 @@ class MetricConfig:
     # Reference-based parts (they need the gold emotion and reply).
     emotion: float = 0.2
     similarity: float = 0.2
-    # Reference-free parts: empathy, relevance and rules split 3:1:1 as the validity
-    # study's weight search chose (docs/metric.md); strategy_fit needs a plan and is
-    # checked against human levels per mechanism instead.
-    empathy: float = 0.3
-    relevance: float = 0.1
-    rules: float = 0.1
+    # Reference-free parts: empathy, relevance and rules split 4:6:0 with a relevance floor
+    # of 0.4, as the validity study's weight search chose (docs/metric.md): the best
+    # agreement with human EPITOME ratings among the mixes that rank a real ED reply above
+    # every kind of wrong one at AUC 0.90. strategy_fit needs a plan and is checked
+    # against human levels per mechanism instead.
+    empathy: float = 0.2
+    relevance: float = 0.3
+    rules: float = 0.0
     strategy_fit: float = 0.1
     judge: float = 0.0
     group_credit: float = 0.5
@@ -83,8 +87,9 @@ class MetricConfig:
     # A reply whose token F1 with a demo's or a retrieved example's reply reaches this is a copy
     # (parroting the speaker uses the rules' own threshold, optimize.scorers.COPY_F1).
     copy_f1: float = 0.8
-    # Semantic relevance below this scales the score down (relevance / floor); 0 turns that off.
-    relevance_floor: float = 0.2
+    # Relevance (the learned P(fits), or cosine with a caller's embedder) below this scales the
+    # score down (relevance / floor); 0 turns that off.
+    relevance_floor: float = 0.4
     # Batch level: collapsed when fewer than this share of replies are distinct ...
     min_distinct: float = 0.6
     # ... or when Dist-2 falls to this share of the reference's (the program it replaces) or below.
@@ -180,11 +185,12 @@ class EmpathyMetric:
     name = "empathy"
 
     def __init__(self, config: MetricConfig | None = None, *, judge=None, embedder=_UNSET, scorer=_UNSET,
-                 copy_sources: Iterable[str] = ()):
+                 relevance=_UNSET, copy_sources: Iterable[str] = ()):
         self.config = config or MetricConfig()
         if self.config.judge > 0 and judge is None:
             raise ConfigError("the metric's judge weight is above 0 but no judge was given")
         self.judge = judge
+        default_embedder = embedder is _UNSET
         if embedder is _UNSET:
             embedder = None
             if self.config.similarity_kind != "token_f1":
@@ -203,6 +209,15 @@ class EmpathyMetric:
 
                 scorer = shared_scorer()
         self.scorer = scorer
+        if relevance is _UNSET:
+            # The learned head comes with the default embedder; a caller's own embedder gets cosine.
+            relevance = None
+            if (default_embedder and embedder is not None
+                    and (self.config.relevance > 0 or self.config.relevance_floor > 0)):
+                from trace_dspy.optimize.relevance import shared_relevance
+
+                relevance = shared_relevance()
+        self.relevance = relevance
         if scorer is None and (self.config.empathy > 0 or self.config.strategy_fit > 0):
             from trace_dspy.optimize.empathy import NO_EMBED
 
@@ -220,6 +235,25 @@ class EmpathyMetric:
     @property
     def similarity_kind(self) -> str:
         return "semantic" if self.embedder is not None else "token_f1"
+
+    @property
+    def signature(self) -> str:
+        """A short hash of everything that decides a score: the config, the learned heads, the copy sources.
+
+        Stored rows scored under another signature are scored again on resume.
+        """
+        import hashlib
+        import json
+
+        parts = {"config": self.config.to_dict(), "similarity": self.similarity_kind,
+                 "empathy": (self.scorer.meta.get("dev_table") if self.scorer is not None else None),
+                 "relevance": (self.relevance.meta.get("dev_table") if self.relevance is not None else None),
+                 "copy_sources": hashlib.sha256("\x00".join(self.copy_sources).encode()).hexdigest()}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    @property
+    def relevance_kind(self) -> str:
+        return "learned" if self.relevance is not None else self.similarity_kind
 
     @property
     def empathy_kind(self) -> str:
@@ -242,9 +276,9 @@ class EmpathyMetric:
             components["emotion"] = emotion_credit(gold_emotion, predicted, cfg.group_credit)
         components["rules"] = sum(rules.values()) / len(rules)
         details: dict[str, Any] = {"rules": rules, "similarity_kind": self.similarity_kind,
-                                   "empathy_kind": self.empathy_kind}
+                                   "empathy_kind": self.empathy_kind, "relevance_kind": self.relevance_kind}
         if speaker:
-            components["relevance"] = 0.0 if not rules["not_parroting"] else self._similarity(reply, speaker)
+            components["relevance"] = 0.0 if not rules["not_parroting"] else self._relevance(reply, speaker, turns[-1])
         gold_reply = example.get("response")
         if gold_reply:
             components["similarity"] = self._similarity(reply, gold_reply)
@@ -254,7 +288,8 @@ class EmpathyMetric:
             components["empathy"] = levels["empathy"]
             components["strategy_fit"] = strategy_fit(levels, _get(pred, "strategy"),
                                                       _get(pred, "secondary_strategy"))
-        copied = near_copy(reply, [*_exemplar_replies(_get(pred, "exemplars")), *self.copy_sources], cfg.copy_f1)
+        retrieved = [*exemplar_replies(_get(pred, "exemplars")), *(_get(pred, "exemplar_replies") or [])]
+        copied = near_copy(reply, [*retrieved, *self.copy_sources], cfg.copy_f1)
         if copied is not None:
             details["copied"] = copied[:200]
         grounded = 1.0
@@ -311,6 +346,11 @@ class EmpathyMetric:
         if "judge" in details:
             notes.append(("judge", f"Judge: {details['judge']['justification']}"))
         return notes
+
+    def _relevance(self, reply: str, speaker: str, last_turn: str) -> float:
+        if self.relevance is not None:
+            return self.relevance.score(speaker, last_turn, reply)
+        return self._similarity(reply, speaker)
 
     def _similarity(self, reply: str, other: str) -> float:
         if self.embedder is not None:
@@ -379,7 +419,7 @@ def _speaker_turns(example) -> list[str]:
         return []
 
 
-def _exemplar_replies(exemplars) -> list[str]:
+def exemplar_replies(exemplars) -> list[str]:
     """The listener replies inside a prediction's formatted exemplars."""
     from trace_dspy.retrieval import exemplar_reply
 

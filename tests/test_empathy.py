@@ -189,8 +189,9 @@ def test_unrelated_replies_are_scaled_down_by_relevance():
     on_topic = m.evaluate(EX, dspy.Prediction(response="That test sounds so frustrating.", **base))
     off_topic = m.evaluate(EX, dspy.Prediction(response="The weather is lovely today.", **base))
     assert on_topic.components["grounded"] == 1.0
-    assert off_topic.components["grounded"] == pytest.approx(0.05 / 0.2)
-    assert off_topic.score == pytest.approx(on_topic.score * 0.25)
+    floor = m.config.relevance_floor
+    assert off_topic.components["grounded"] == pytest.approx(0.05 / floor)
+    assert off_topic.score == pytest.approx(on_topic.score * 0.05 / floor)
     assert "not about what the speaker said" in off_topic.feedback
 
 
@@ -265,8 +266,16 @@ def test_validity_search_ranks_weights_by_the_nearer_target():
     ep_rows = [row(h / 10, (h * 7 % 10) / 10, 0.5) for h in human]
     results = mv.search_weights(ed, ep_rows, human)
     best = results[0]
-    assert best["objective"] == max(r["objective"] for r in results)
-    assert best["objective"] == pytest.approx(min(best["worst_auc"] / 0.90, best["epitome_sum_spearman"] / 0.55))
-    only_empathy = next(r for r in results if r["weights"]["empathy"] == pytest.approx(1.0))
+    reaching = [r for r in results if r["worst_auc"] >= 0.90]
+    assert reaching and best["worst_auc"] >= 0.90
+    assert best["epitome_sum_spearman"] == max(r["epitome_sum_spearman"] for r in reaching)
+    # Empathy alone, with a floor the negatives clear, cannot tell the replies apart.
+    only_empathy = next(r for r in results if r["weights"]["empathy"] == pytest.approx(1.0)
+                        and r["relevance_floor"] == 0.2)
     assert only_empathy["auc_mismatched"] < 0.5 < best["auc_mismatched"]
-    assert 0 < best["weights"]["empathy"] < 1 and best["weights"]["relevance"] > 0
+    # Without a mix that reaches the AUC target, the nearer target decides.
+    missing = sorted([{**r, "worst_auc": 0.5} for r in results[:5]], key=mv.rank_key)
+    assert [r["objective"] for r in missing] == sorted((r["objective"] for r in missing), reverse=True)
+    # Empathy carries the human agreement; relevance enters by its weight or by the gate.
+    assert best["weights"]["empathy"] > 0
+    assert best["weights"]["relevance"] > 0 or best["relevance_floor"] > 0.29

@@ -21,7 +21,7 @@ from dspy.utils.usage_tracker import track_usage
 
 from trace_dspy.cli import progress, with_dspy_context
 from trace_dspy.jsonl import AppendWriter, read_records
-from trace_dspy.optimize.metric import COMPONENTS, MECHANISMS, EmpathyMetric, collapse_check
+from trace_dspy.optimize.metric import COMPONENTS, MECHANISMS, EmpathyMetric, collapse_check, exemplar_replies
 from trace_dspy.optimize.scorers import (
     bleu,
     distinct_n,
@@ -101,6 +101,14 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
         row.update(error=error, score=0.0)
         return row
     row["prediction"] = {k: pred[k] for k in PREDICTION_FIELDS if k in pred}
+    row["exemplar_replies"] = exemplar_replies(pred.get("exemplars"))
+    return score_row(row, metric, example, pred)
+
+
+def score_row(row: dict[str, Any], metric: EmpathyMetric, example: dspy.Example, pred=None) -> dict[str, Any]:
+    """Fill a row's score fields from its prediction (``pred``, or the stored one)."""
+    if pred is None:
+        pred = dspy.Prediction(**row["prediction"], exemplar_replies=row.get("exemplar_replies") or [])
     try:
         scored = metric.evaluate(example, pred)
     except Exception as exc:  # e.g. the judge LM failed
@@ -110,7 +118,8 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
                rules=scored.details.get("rules"), judge=scored.details.get("judge"),
                levels=scored.details.get("levels"), copied=scored.details.get("copied"),
                similarity_kind=scored.details.get("similarity_kind"),
-               empathy_kind=scored.details.get("empathy_kind"))
+               empathy_kind=scored.details.get("empathy_kind"),
+               relevance_kind=scored.details.get("relevance_kind"), metric_signature=metric.signature)
     return row
 
 
@@ -137,8 +146,15 @@ def evaluate_program(
     done: dict[str, dict] = {}
     if results_path is not None:
         wanted = set(ids)
-        done = {k: v for k, v in read_records(results_path).items() if "error" not in v and k in wanted}
+        done = {k: v for k, v in read_records(results_path).items()
+                if "error" not in v and k in wanted and "prediction" in v}
     todo = [e for e, i in zip(examples, ids) if i not in done]
+    # Rows kept from an earlier run under another metric are scored again (no LM call for the program).
+    signature = metric.signature
+    by_id = dict(zip(ids, examples))
+    for key, row in done.items():
+        if row.get("metric_signature") != signature:
+            score_row(row, metric, by_id[key])
     rows: dict[str, dict] = dict(done)
     failures = 0
 
