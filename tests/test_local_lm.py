@@ -166,3 +166,22 @@ def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
         assert first == second and lm.engine.stats.calls == calls == 1
     finally:
         dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)
+
+
+@pytest.mark.slow
+def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
+    """The top-token grammar check must pick exactly what full-vocabulary masking picks."""
+    from trace_dspy.local_lm import local_lm
+
+    fast = local_lm(cache=False, fast_greedy=True)
+    slow = local_lm(cache=False, fast_greedy=False)
+    program = TraceProgram()
+    dialogues = [DIALOGUE, "I lost my wallet on the bus.", "My niece was born this morning!"]
+    with dspy.context(lm=slow):
+        expected = [program(dialogue=d).toDict() for d in dialogues]
+    with dspy.context(lm=fast):
+        got = [program(dialogue=d).toDict() for d in dialogues]
+    assert got == expected
+    assert fast.engine.stats.completion_tokens == slow.engine.stats.completion_tokens
+    # Every stage ran under a grammar, so the fast loop did the work.
+    assert fast.engine.stats.calls == slow.engine.stats.calls == 12

@@ -31,24 +31,26 @@ from trace_dspy.data import load_test
 from trace_dspy.program import TraceProgram
 
 
-def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig) -> dict:
+def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, fast_greedy: bool = True) -> dict:
     from trace_dspy.local_lm import local_lm
 
-    lm = local_lm(cache=False, prefix_cache=prefix_cache)
+    lm = local_lm(cache=False, prefix_cache=prefix_cache, fast_greedy=fast_greedy)
     program = TraceProgram(program_config)
     engine = lm.engine
     stage_calls = final_failures = 0
-    per_dialogue = []
+    per_dialogue, outputs = [], []
     with dspy.context(lm=lm):
-        for ex in progress(examples, desc=f"program (prefix reuse {'on' if prefix_cache else 'off'})"):
+        for ex in progress(examples, desc=f"program (prefix reuse {'on' if prefix_cache else 'off'}, "
+                                          f"fast greedy {'on' if fast_greedy else 'off'})"):
             started = time.perf_counter()
             stages_before = engine.stats.calls
             try:
-                program(dialogue=ex.dialogue)
+                outputs.append(program(dialogue=ex.dialogue).toDict())
                 stage_calls += 4 - len(program.config.disabled)
             except dspy.utils.exceptions.AdapterParseError:
                 final_failures += 1
                 stage_calls += 1  # the stage that failed; later stages never ran
+                outputs.append(None)
             per_dialogue.append((time.perf_counter() - started, engine.stats.calls - stages_before))
     stats = engine.stats
     lm_calls = stats.calls
@@ -64,6 +66,7 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig) 
         "completion_tokens": stats.completion_tokens,
         "engine_seconds": stats.seconds,
         "generated_tokens_per_s": stats.completion_tokens / stats.seconds,
+        "outputs": outputs,
         "history": [
             {"messages": h.get("messages"), "completion_tokens": (h.get("usage") or {}).get("completion_tokens", 0)}
             for h in lm.history
@@ -101,6 +104,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     parser.add_argument("--reuse-limit", type=int, default=20, help="dialogues for the no-reuse run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-raw", action="store_true", help="skip the raw llama.cpp replay")
+    parser.add_argument("--no-reuse-run", action="store_true", help="skip the prefix-reuse-off run")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
     setup_logging()
@@ -110,10 +114,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     with_reuse = run_program(examples, prefix_cache=True, program_config=config)
     subset = examples[: args.reuse_limit]
     without_reuse, with_reuse_subset_s = None, None
-    if subset:
+    if subset and not args.no_reuse_run:
         without_reuse = run_program(subset, prefix_cache=False, program_config=config)
         # Same subset with reuse, for a like-for-like comparison.
         with_reuse_subset_s = run_program(subset, prefix_cache=True, program_config=config)["seconds_per_dialogue"]
+    # The same subset with llama.cpp's own grammar sampler: the decoding before fast greedy.
+    slow = run_program(subset, prefix_cache=True, program_config=config, fast_greedy=False) if subset else None
+    fast_subset = with_reuse["outputs"][: len(subset)]
+    fast_s = None
+    if slow:
+        fast_s = run_program(subset, prefix_cache=True, program_config=config)["seconds_per_dialogue"]
     raw = None if args.no_raw else run_raw(with_reuse["history"])
 
     rows = [
@@ -128,6 +138,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
          f"{with_reuse_subset_s:.2f} / {without_reuse['seconds_per_dialogue']:.2f}" if with_reuse_subset_s else "-"),
         ("prompt tokens per LM call", f"{with_reuse['prompt_tokens'] / max(1, with_reuse['lm_calls']):.0f}"),
     ]
+    if slow:
+        rows += [
+            (f"seconds per dialogue, first {len(subset)}, fast greedy on / off (llama.cpp's sampler)",
+             f"{fast_s:.2f} / {slow['seconds_per_dialogue']:.2f}"),
+            (f"identical outputs, fast greedy on / off, first {len(subset)}",
+             f"{sum(a == b for a, b in zip(fast_subset, slow['outputs']))} of {len(subset)}"),
+        ]
     if raw:
         rows += [
             ("raw llama.cpp: same prompts and token counts, seconds", f"{raw['seconds']:.1f}"),
@@ -143,8 +160,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
             "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
             "machine": {"python": platform.python_version(), "processor": platform.processor(),
                         "cpus": __import__("os").cpu_count()},
-            "with_reuse": {k: v for k, v in with_reuse.items() if k != "history"},
-            "without_reuse": {k: v for k, v in (without_reuse or {}).items() if k != "history"},
+            "with_reuse": {k: v for k, v in with_reuse.items() if k not in ("history", "outputs")},
+            "fast_greedy_off": {k: v for k, v in (slow or {}).items() if k not in ("history", "outputs")},
+            "fast_greedy_on_subset_seconds_per_dialogue": fast_s,
+            "identical_outputs_fast_vs_off": (sum(a == b for a, b in zip(fast_subset, slow["outputs"]))
+                                              if slow else None),
+            "without_reuse": {k: v for k, v in (without_reuse or {}).items() if k not in ("history", "outputs")},
             "with_reuse_subset_seconds_per_dialogue": with_reuse_subset_s,
             "raw": raw,
         }

@@ -283,6 +283,80 @@ def _restore_context(llama, saved: tuple) -> None:
     llama.n_tokens = len(ids)
 
 
+# ---------------------------------------------------------------- fast greedy decoding
+
+
+def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: list[str]) -> dict:
+    """Greedy decoding under a grammar, checking the grammar on the top token first.
+
+    llama.cpp's grammar sampler tests every one of the 49k vocabulary entries
+    at every step (about 15 ms a token here). Under greedy decoding only the
+    best allowed token matters: when the model's top token is allowed it is
+    that token, and only otherwise is the whole vocabulary masked. The result
+    is the token create_completion would pick, at a fraction of the cost.
+    Returns a create_completion-shaped dict.
+    """
+    import numpy as np
+
+    llama_cpp = _import_llama()
+    n_vocab = llama.n_vocab()
+    ctx = llama._ctx.ctx
+    # Reuse the evaluated prefix (llama.eval drops the cache past n_tokens); keep
+    # at least one prompt token to evaluate, which refreshes the logits.
+    cached = list(llama.input_ids[: llama.n_tokens])
+    keep = 0
+    for a, b in zip(cached, tokens[:-1]):
+        if a != b:
+            break
+        keep += 1
+    llama.n_tokens = keep
+    llama.eval(tokens[keep:])
+    sampler = llama_cpp.llama_sampler_init_grammar(llama._model.vocab, grammar_text.encode("utf-8"), b"root")
+    if not sampler:
+        raise LocalModelError("llama.cpp could not parse the output grammar")
+    one = (llama_cpp.llama_token_data * 1)()
+    every = None
+    out: list[int] = []
+    finish = "length"
+    text = ""
+    try:
+        while len(out) < max_tokens:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+            token = int(np.argmax(logits))
+            one[0].id, one[0].logit, one[0].p = token, float(logits[token]), 0.0
+            single = llama_cpp.llama_token_data_array(one, 1, -1, False)
+            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(single))
+            if not np.isfinite(one[0].logit):  # not allowed: mask the whole vocabulary
+                if every is None:
+                    every = (llama_cpp.llama_token_data * n_vocab)()
+                    view = np.ctypeslib.as_array(every)
+                view["id"] = np.arange(n_vocab)
+                view["logit"] = logits
+                view["p"] = 0.0
+                whole = llama_cpp.llama_token_data_array(every, n_vocab, -1, False)
+                llama_cpp.llama_sampler_apply(sampler, ctypes.byref(whole))
+                token = int(view["id"][int(np.argmax(view["logit"]))])
+                if not np.isfinite(view["logit"]).any():
+                    raise LocalModelError("the output grammar allows no next token")
+            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, token):
+                finish = "stop"
+                break
+            llama_cpp.llama_sampler_accept(sampler, token)
+            out.append(token)
+            text = llama.detokenize(out).decode("utf-8", errors="ignore")
+            hit = min((text.find(s) for s in stops if s and s in text), default=-1)
+            if hit >= 0:
+                text = text[:hit]
+                finish = "stop"
+                break
+            llama.eval([token])
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+    return {"id": f"greedy-{id(out)}", "choices": [{"text": text, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(tokens), "completion_tokens": len(out),
+                      "total_tokens": len(tokens) + len(out)}}
+
+
 # ---------------------------------------------------------------- the engine
 
 
@@ -318,6 +392,7 @@ class LlamaEngine:
         default_max_tokens: int = 1024,
         quote_fields: dict[str, str] | None = None,
         text_limits: dict[str, int] | None = None,
+        fast_greedy: bool = True,
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
@@ -331,6 +406,9 @@ class LlamaEngine:
         # field (TRACE's trigger spans), and per-field caps on free text.
         self.quote_fields = dict(DEFAULT_QUOTE_FIELDS if quote_fields is None else quote_fields)
         self.text_limits = dict(DEFAULT_TEXT_LIMITS if text_limits is None else text_limits)
+        # Greedy calls under a grammar decode in our own loop, which checks the grammar
+        # only on the top token (see _greedy); the answers are the same.
+        self.fast_greedy = bool(fast_greedy)
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
         self.stats = EngineStats()
@@ -343,6 +421,7 @@ class LlamaEngine:
             "seed": self.seed, "constrained": self.constrained, "prefix_cache": self.prefix_cache,
             "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
+            "fast_greedy": self.fast_greedy,
         }
 
     def __getstate__(self):
@@ -371,9 +450,10 @@ class LlamaEngine:
         """Load the model now rather than on the first call."""
         self._model()
 
-    def _grammar(self, system: str, user: str):
+    def _grammar(self, system: str, user: str) -> tuple[Any, str | None]:
+        """The compiled grammar for a prompt and its GBNF text, (None, None) when unconstrained."""
         if not self.constrained:
-            return None
+            return None, None
         quotes = {}
         for out_field, in_field in self.quote_fields.items():
             if f"`{out_field}`" in system:
@@ -389,7 +469,7 @@ class LlamaEngine:
                     grammar = _import_llama().LlamaGrammar.from_string(text, verbose=False)
                 if len(self._grammars) > 256:
                     self._grammars.clear()
-                self._grammars[key] = grammar
+                self._grammars[key] = (grammar, text)
             return self._grammars[key]
 
     # -- the engine contract ----------------------------------------------------
@@ -409,7 +489,8 @@ class LlamaEngine:
         }
         if cfg.top_p is not None:
             kwargs["top_p"] = float(cfg.top_p)
-        grammar = self._grammar(system, messages[-1]["content"] if messages else "")
+        grammar, grammar_text = self._grammar(system, messages[-1]["content"] if messages else "") \
+            if self.constrained else (None, None)
         model = self._model()
         with model.lock:
             llama = model.llama
@@ -421,8 +502,11 @@ class LlamaEngine:
                 raise ContextLengthError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx}")
             started = time.perf_counter()
             self._position(model, messages, tokens)
-            out = llama.create_completion(prompt=tokens, grammar=grammar,
-                                          **{**kwargs, "stop": [*full.stop, *(kwargs["stop"] or [])]})
+            stops = [*full.stop, *(kwargs["stop"] or [])]
+            if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
+                out = _greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops)
+            else:
+                out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops})
             usage = out.get("usage") or {}
             self.stats.add(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                            time.perf_counter() - started)
