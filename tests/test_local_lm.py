@@ -185,3 +185,21 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     assert fast.engine.stats.completion_tokens == slow.engine.stats.completion_tokens
     # Every stage ran under a grammar, so the fast loop did the work.
     assert fast.engine.stats.calls == slow.engine.stats.calls == 12
+
+
+@pytest.mark.slow
+def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_model):
+    """Best-of-N sends the same request N times; a fixed seed would return one candidate N times."""
+    from trace_dspy.local_lm import local_lm
+
+    def candidates():
+        lm = local_lm(cache=False)
+        return [lm(messages=[{"role": "user", "content": "Say something kind to a friend who lost a game."}],
+                   temperature=1.0, max_tokens=24)[0] for _ in range(4)]
+
+    first = candidates()
+    assert len(set(first)) >= 3
+    assert candidates() == first  # a fresh engine draws the same sequence
+    greedy = local_lm(cache=False)
+    ask = [{"role": "user", "content": "Name a colour."}]
+    assert greedy(messages=ask, temperature=0.0, max_tokens=8) == greedy(messages=ask, temperature=0.0, max_tokens=8)

@@ -97,6 +97,57 @@ def run_raw(history: list[dict]) -> dict:
             "seconds": seconds, "generated_tokens_per_s": completion_tokens / seconds}
 
 
+def measure_batching(thread_counts=(1, 2), sequence_counts=(1, 2, 4, 8), steps: int = 30) -> list[dict]:
+    """What one decode step costs with several sequences in one llama.cpp batch.
+
+    Each sequence first reads the same short chat prompt; then ``steps`` decode
+    steps each add one token to every sequence. Returns ms per step and per token.
+    """
+    import llama_cpp
+
+    from trace_dspy.local_lm import default_model_path
+
+    llama = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=512, n_threads=1, verbose=False)
+    prompt = llama.tokenize(b"<|im_start|>user\nI failed my driving test again and I feel awful about it."
+                            b"<|im_end|>\n<|im_start|>assistant\n", add_bos=False, special=True)
+    rows = []
+    try:
+        for threads in thread_counts:
+            params = llama_cpp.llama_context_default_params()
+            params.n_ctx, params.n_batch, params.n_ubatch = 4096, 512, 512
+            params.n_seq_max, params.kv_unified = max(sequence_counts), True
+            params.n_threads = params.n_threads_batch = threads
+            ctx = llama_cpp.llama_init_from_model(llama._model.model, params)
+            batch = llama_cpp.llama_batch_init(512, 0, max(sequence_counts))
+            try:
+                for n_seq in sequence_counts:
+                    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+                    k = 0
+                    for seq in range(n_seq):
+                        for i, token in enumerate(prompt):
+                            batch.token[k], batch.pos[k], batch.n_seq_id[k] = token, i, 1
+                            batch.seq_id[k][0], batch.logits[k] = seq, i == len(prompt) - 1
+                            k += 1
+                    batch.n_tokens = k
+                    llama_cpp.llama_decode(ctx, batch)
+                    started = time.perf_counter()
+                    for step in range(steps):
+                        for seq in range(n_seq):
+                            batch.token[seq], batch.pos[seq], batch.n_seq_id[seq] = 100 + step, len(prompt) + step, 1
+                            batch.seq_id[seq][0], batch.logits[seq] = seq, True
+                        batch.n_tokens = n_seq
+                        llama_cpp.llama_decode(ctx, batch)
+                    ms = 1000 * (time.perf_counter() - started) / steps
+                    rows.append({"threads": threads, "sequences": n_seq, "ms_per_step": round(ms, 2),
+                                 "ms_per_token": round(ms / n_seq, 2)})
+            finally:
+                llama_cpp.llama_batch_free(batch)
+                llama_cpp.llama_free(ctx)
+    finally:
+        llama.close()
+    return rows
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_local") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="data source (default: $TRACE_DSPY_DATA, else the seed set)")
@@ -105,9 +156,24 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-raw", action="store_true", help="skip the raw llama.cpp replay")
     parser.add_argument("--no-reuse-run", action="store_true", help="skip the prefix-reuse-off run")
+    parser.add_argument("--batching", action="store_true",
+                        help="only measure decode steps with 1-8 sequences per llama.cpp batch")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
     setup_logging()
+    if args.batching:
+        rows = measure_batching()
+        print("| threads | sequences per batch | ms per step | ms per token |\n| ---: | ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {r['threads']} | {r['sequences']} | {r['ms_per_step']:.1f} | {r['ms_per_token']:.1f} |")
+        if args.output:
+            from trace_dspy.jsonl import atomic_write_json
+
+            atomic_write_json(args.output, {
+                "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+                "batching": rows})
+        return 0
 
     examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)
     config = ProgramConfig()

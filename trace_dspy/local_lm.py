@@ -411,6 +411,7 @@ class LlamaEngine:
         self.fast_greedy = bool(fast_greedy)
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
+        self._sampled: dict[int, int] = {}
         self.stats = EngineStats()
 
     # -- settings, pickling, saving ---------------------------------------------
@@ -481,10 +482,11 @@ class LlamaEngine:
             {"role": m.role, "content": m.text or ""} for m in request.messages
         ]
         cfg = request.config
+        temperature = 0.0 if cfg.temperature is None else float(cfg.temperature)
         kwargs = {
             "max_tokens": cfg.max_tokens or self.default_max_tokens,
-            "temperature": 0.0 if cfg.temperature is None else float(cfg.temperature),
-            "seed": self.seed if cfg.seed is None else int(cfg.seed),
+            "temperature": temperature,
+            "seed": self._sample_seed(messages, temperature) if cfg.seed is None else int(cfg.seed),
             "stop": list(cfg.stop or ()) or None,
         }
         if cfg.top_p is not None:
@@ -519,6 +521,25 @@ class LlamaEngine:
             usage=Usage(input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
                         total_tokens=usage.get("total_tokens", 0)),
         )
+
+    def _sample_seed(self, messages: list[dict], temperature: float) -> int:
+        """The engine seed, offset by how often this prompt was sampled before.
+
+        DSPy asks for several candidates (Best-of-N, Refine, ``n``) by sending
+        the same request again; the rollout id is not part of the request. A
+        fixed seed would return the same sample every time, so the k-th sample
+        of a prompt uses seed + k: distinct candidates, and the same ones in a
+        fresh process.
+        """
+        if temperature <= 0:
+            return self.seed
+        key = hash((json.dumps(messages, sort_keys=True), temperature))
+        with self._grammar_lock:
+            count = self._sampled.get(key, 0)
+            if len(self._sampled) > 4096:
+                self._sampled.clear()
+            self._sampled[key] = count + 1
+        return self.seed + count
 
     def _position(self, model: _Loaded, messages: list[dict], tokens: list[int]) -> None:
         """Put the context at a fixed point before the prompt is read.
