@@ -176,7 +176,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     fast = local_lm(cache=False, fast_greedy=True)
     slow = local_lm(cache=False, fast_greedy=False)
     program = TraceProgram()
-    dialogues = [DIALOGUE, "I lost my wallet on the bus.", "My niece was born this morning!"]
+    dialogues = [DIALOGUE, "I lost my wallet on the bus."]
     with dspy.context(lm=slow):
         expected = [program(dialogue=d).toDict() for d in dialogues]
     with dspy.context(lm=fast):
@@ -184,7 +184,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     assert got == expected
     assert fast.engine.stats.completion_tokens == slow.engine.stats.completion_tokens
     # Every stage ran under a grammar, so the fast loop did the work.
-    assert fast.engine.stats.calls == slow.engine.stats.calls == 12
+    assert fast.engine.stats.calls == slow.engine.stats.calls == 8
 
 
 @pytest.mark.slow
