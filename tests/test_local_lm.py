@@ -203,3 +203,23 @@ def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_mode
     greedy = local_lm(cache=False)
     ask = [{"role": "user", "content": "Name a colour."}]
     assert greedy(messages=ask, temperature=0.0, max_tokens=8) == greedy(messages=ask, temperature=0.0, max_tokens=8)
+
+
+@pytest.mark.slow
+def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
+    """Best-of-N candidates share their whole prompt: the second one must not reset or restore the context."""
+    from trace_dspy import local_lm as engine_module
+
+    lm = engine_module.local_lm(cache=False)
+    ask = [{"role": "system", "content": "You are kind."},
+           {"role": "user", "content": "Say something kind to a friend who lost a game."}]
+    lm(messages=ask, temperature=1.0, max_tokens=3)
+    llama = lm.engine._model().llama
+    events = []
+    monkeypatch.setattr(engine_module, "_restore_context", lambda *a: events.append("restore"))
+    monkeypatch.setattr(llama, "reset", lambda: events.append("reset"))
+    lm(messages=ask, temperature=1.0, max_tokens=3)
+    assert events == []
+    # Greedy calls still start from the fixed point, so their answers never depend on call order.
+    lm(messages=ask, temperature=0.0, max_tokens=3)
+    assert events in (["restore"], ["reset"])

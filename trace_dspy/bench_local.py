@@ -148,6 +148,50 @@ def measure_batching(thread_counts=(1, 2), sequence_counts=(1, 2, 4, 8), steps: 
     return rows
 
 
+def measure_best_of(examples, sizes=(1, 2, 4), threads: int | None = None) -> list[dict]:
+    """Seconds per dialogue when the reply stage is ``dspy.BestOfN`` with N candidates.
+
+    N = 1 is the plain program (greedy). For N > 1 DSPy's BestOfN calls the reply
+    stage N times at temperature 1.0 with distinct rollout ids; the reward here
+    never reaches its threshold, so all N candidates are drawn: the cost of the
+    worst case.
+    """
+    from trace_dspy.local_lm import local_lm
+
+    kwargs = {} if threads is None else {"n_threads": threads}
+    with dspy.context(lm=local_lm(cache=False, **kwargs)):  # load the model and the stages' prefixes first
+        TraceProgram(ProgramConfig())(dialogue=examples[0].dialogue)
+    rows = []
+    for n in sizes:
+        lm = local_lm(cache=False, **kwargs)
+        program = TraceProgram(ProgramConfig())
+        if n > 1:
+            best = dspy.BestOfN(module=program.generate_response, N=n, reward_fn=lambda args, pred: 0.0,
+                                threshold=1.0)
+            plain_call = program._call
+
+            def call(stage, state, best=best, plain_call=plain_call, program=program):
+                if stage != "generate_response":
+                    return plain_call(stage, state)
+                with program._stage_context(stage):
+                    fields = program.generate_response.signature.input_fields
+                    return best(**{name: state[name] for name in fields})
+
+            program._call = call
+        replies = []
+        started = time.perf_counter()
+        with dspy.context(lm=lm):
+            for ex in progress(examples, desc=f"best of {n}"):
+                replies.append(program(dialogue=ex.dialogue).response)
+        seconds = (time.perf_counter() - started) / len(examples)
+        rows.append({"n": n, "seconds_per_dialogue": round(seconds, 3), "lm_calls": lm.engine.stats.calls,
+                     "completion_tokens": lm.engine.stats.completion_tokens})
+    base = rows[0]["seconds_per_dialogue"]
+    for r in rows:
+        r["cost_vs_n1"] = round(r["seconds_per_dialogue"] / base, 3)
+    return rows
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_local") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="data source (default: $TRACE_DSPY_DATA, else the seed set)")
@@ -156,11 +200,29 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-raw", action="store_true", help="skip the raw llama.cpp replay")
     parser.add_argument("--no-reuse-run", action="store_true", help="skip the prefix-reuse-off run")
+    parser.add_argument("--best-of", type=lambda v: [int(x) for x in v.split(",")], metavar="N,N,...",
+                        help="only measure Best-of-N on the reply stage for these N (the first is the baseline)")
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (default: the engine's)")
     parser.add_argument("--batching", action="store_true",
                         help="only measure decode steps with 1-8 sequences per llama.cpp batch")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
     setup_logging()
+    if args.best_of:
+        examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)
+        rows = measure_best_of(examples, args.best_of, threads=args.threads)
+        print("| N | seconds per dialogue | cost vs first | LM calls | completion tokens |\n| ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {r['n']} | {r['seconds_per_dialogue']:.2f} | {r['cost_vs_n1']:.2f} | {r['lm_calls']} | "
+                  f"{r['completion_tokens']} |")
+        if args.output:
+            from trace_dspy.jsonl import atomic_write_json
+
+            atomic_write_json(args.output, {
+                "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+                "dialogues": len(examples), "best_of": rows})
+        return 0
     if args.batching:
         rows = measure_batching()
         print("| threads | sequences per batch | ms per step | ms per token |\n| ---: | ---: | ---: | ---: |")

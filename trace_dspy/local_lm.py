@@ -503,7 +503,7 @@ class LlamaEngine:
 
                 raise ContextLengthError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx}")
             started = time.perf_counter()
-            self._position(model, messages, tokens)
+            self._position(model, messages, tokens, sampled=kwargs["temperature"] > 0)
             stops = [*full.stop, *(kwargs["stop"] or [])]
             if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
                 out = _greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops)
@@ -541,8 +541,13 @@ class LlamaEngine:
             self._sampled[key] = count + 1
         return self.seed + count
 
-    def _position(self, model: _Loaded, messages: list[dict], tokens: list[int]) -> None:
+    def _position(self, model: _Loaded, messages: list[dict], tokens: list[int], sampled: bool = False) -> None:
         """Put the context at a fixed point before the prompt is read.
+
+        A sampled call whose whole prompt is already in the context (the
+        previous call was the same prompt: Best-of-N, Refine, repeated
+        candidates) keeps it, so each further candidate costs only its own
+        tokens. Greedy calls always start from the fixed point.
 
         With prefix reuse, that point is the end of the prompt's fixed part
         (system message and demos: everything before the last turn), restored
@@ -551,6 +556,9 @@ class LlamaEngine:
         point whatever ran before it, so answers do not depend on call order.
         """
         llama = model.llama
+        if sampled and self.prefix_cache and llama.n_tokens >= len(tokens) \
+                and list(llama.input_ids[: len(tokens)]) == tokens:
+            return
         if not self.prefix_cache or len(messages) < 2:
             llama.reset()
             return
