@@ -67,6 +67,42 @@ def test_quotable_sentences_come_from_speaker_turns_only():
     assert quotable_sentences(user, "missing") == []
 
 
+@pytest.mark.parametrize(("text", "kept"), [
+    ("I am so proud of them. I am so proud of them.", "I am so proud of them."),
+    ("A beagle, a beagle, a beagle", "A beagle,"),
+    ("The dog was a dog. The cat sat. The dog was a dog.", "The dog was a dog. The cat sat."),
+    # The loop started mid-sentence: end on the sentence it interrupted.
+    ("It is a response to it. It is a response to it. It", "It is a response to it."),
+])
+def test_repeated_tail_finds_where_a_loop_starts(text, kept):
+    from trace_dspy.local_lm import repeated_tail
+
+    cut = repeated_tail(text)
+    assert cut is not None and text[:cut].strip() == kept
+
+
+@pytest.mark.parametrize("text", [
+    "That sounds hard, how are you holding up?",
+    "I am sorry. Sorry.",  # short sentences may echo
+    "Very very good news, well done!",
+    "",
+])
+def test_repeated_tail_leaves_ordinary_replies_alone(text):
+    from trace_dspy.local_lm import repeated_tail
+
+    assert repeated_tail(text) is None
+
+
+def test_the_guard_knows_which_field_is_being_written():
+    from trace_dspy.local_lm import _guard_field
+
+    chat = "[[ ## strategy ## ]]\nIP\n\n[[ ## response ## ]]\nI am"
+    assert _guard_field(chat) == ("response", chat.index("I am"))
+    as_json = '{"emotion": "sad", "response": "I am'
+    assert _guard_field(as_json) == ("response", as_json.index('"I am'))
+    assert _guard_field("no marker yet") is None
+
+
 def test_missing_extra_is_named(monkeypatch):
     import trace_dspy.local_lm as mod
 
@@ -173,7 +209,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     """The top-token grammar check must pick exactly what full-vocabulary masking picks."""
     from trace_dspy.local_lm import local_lm
 
-    fast = local_lm(cache=False, fast_greedy=True)
+    fast = local_lm(cache=False, fast_greedy=True, loop_guard=False)  # the guard changes answers on purpose
     slow = local_lm(cache=False, fast_greedy=False)
     program = TraceProgram()
     dialogues = [DIALOGUE, "I lost my wallet on the bus."]
@@ -185,6 +221,27 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     assert fast.engine.stats.completion_tokens == slow.engine.stats.completion_tokens
     # Every stage ran under a grammar, so the fast loop did the work.
     assert fast.engine.stats.calls == slow.engine.stats.calls == 8
+
+
+@pytest.mark.slow
+def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_model):
+    """Greedy SmolLM2 repeats "This is a very bad thing." until the length cap; the guard stops it."""
+    from trace_dspy.local_lm import local_lm, repeated_tail
+
+    dialogue = "Speaker: My roommate keeps eating my food."
+    program = TraceProgram()
+    plain, guarded = local_lm(cache=False, loop_guard=False), local_lm(cache=False)
+    with dspy.context(lm=plain):
+        looping = program(dialogue=dialogue)
+    with dspy.context(lm=guarded):
+        cut = program(dialogue=dialogue)
+    assert repeated_tail(looping.cause_summary) is not None  # the model really loops here
+    assert repeated_tail(cut.cause_summary) is None
+    kept = cut.cause_summary.rstrip('"')
+    assert len(kept) > 20 and looping.cause_summary.startswith(kept)
+    assert guarded.engine.guard_counts["loops_cut"] >= 1
+    assert guarded.engine.stats.completion_tokens < plain.engine.stats.completion_tokens
+    assert plain.model != guarded.model  # answers differ, so DSPy's cache must not mix them
 
 
 @pytest.mark.slow

@@ -286,7 +286,110 @@ def _restore_context(llama, saved: tuple) -> None:
 # ---------------------------------------------------------------- fast greedy decoding
 
 
-def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: list[str]) -> dict:
+class _GrammarPick:
+    """The best token a grammar allows, checking the model's top token first."""
+
+    def __init__(self, llama, grammar_text: str):
+        self.llama_cpp = _import_llama()
+        self.sampler = self.llama_cpp.llama_sampler_init_grammar(
+            llama._model.vocab, grammar_text.encode("utf-8"), b"root")
+        if not self.sampler:
+            raise LocalModelError("llama.cpp could not parse the output grammar")
+        self.n_vocab = llama.n_vocab()
+        self.one = (self.llama_cpp.llama_token_data * 1)()
+        self.every = None
+
+    def __call__(self, logits) -> int:
+        import numpy as np
+
+        lc = self.llama_cpp
+        token = int(np.argmax(logits))
+        self.one[0].id, self.one[0].logit, self.one[0].p = token, float(logits[token]), 0.0
+        single = lc.llama_token_data_array(self.one, 1, -1, False)
+        lc.llama_sampler_apply(self.sampler, ctypes.byref(single))
+        if np.isfinite(self.one[0].logit):
+            return token
+        if self.every is None:  # not allowed: mask the whole vocabulary
+            self.every = (lc.llama_token_data * self.n_vocab)()
+        view = np.ctypeslib.as_array(self.every)
+        view["id"] = np.arange(self.n_vocab)
+        view["logit"] = logits
+        view["p"] = 0.0
+        whole = lc.llama_token_data_array(self.every, self.n_vocab, -1, False)
+        lc.llama_sampler_apply(self.sampler, ctypes.byref(whole))
+        if not np.isfinite(view["logit"]).any():
+            raise LocalModelError("the output grammar allows no next token")
+        return int(view["id"][int(np.argmax(view["logit"]))])
+
+    def accept(self, token: int) -> None:
+        self.llama_cpp.llama_sampler_accept(self.sampler, token)
+
+    def free(self) -> None:
+        self.llama_cpp.llama_sampler_free(self.sampler)
+
+
+_WORD = re.compile(r"[A-Za-z0-9']+")
+_SENTENCE = re.compile(r"[^.!?]+[.!?]")
+
+
+def repeated_tail(text: str) -> int | None:
+    """Where a looping free-text value should end, or None when it does not loop.
+
+    A loop is the same words said again straight after themselves (four words or
+    more twice, or two or three words three times: "a beagle, a beagle, a
+    beagle"), or a sentence said again anywhere in the value. The answer is a
+    character offset: the value up to there says everything once.
+    """
+    words = list(_WORD.finditer(text))
+    low = [m.group(0).lower() for m in words]
+    n = len(low)
+    for size in range(2, min(12, n // 2) + 1):
+        copies = 2 if size >= 4 else 3
+        if n < copies * size:
+            continue
+        tail = low[n - size:]
+        if all(low[n - (c + 1) * size:n - c * size] == tail for c in range(1, copies)):
+            cut = words[n - (copies - 1) * size].start()
+            # End on the sentence that the loop interrupted rather than on its first words.
+            stop = max(text.rfind(c, 0, cut) for c in ".!?")
+            if stop > 0 and len(_WORD.findall(text[stop:cut])) < size:
+                cut = stop + 1
+            return cut
+    sentences = list(_SENTENCE.finditer(text))
+    if len(sentences) >= 2:
+        last = " ".join(_WORD.findall(sentences[-1].group(0).lower()))
+        if len(last.split()) >= 3 and text[sentences[-1].end():].strip() == "" and any(
+                " ".join(_WORD.findall(s.group(0).lower())) == last for s in sentences[:-1]):
+            return sentences[-1].start()
+    return None
+
+
+_MARKERS = re.compile(r'\[\[ ## (\w+) ## \]\]\n|"(\w+)": ')
+
+
+def _guard_field(text: str) -> tuple[str, int] | None:
+    """The field being written and where its value starts (chat or JSON layout)."""
+    last = None
+    for last in _MARKERS.finditer(text):
+        pass
+    return None if last is None else (last.group(1) or last.group(2), last.end())
+
+
+def _closers(llama) -> list[int]:
+    """Token ids whose text starts a field's end: a line break or a closing quote."""
+    ids = getattr(llama, "_trace_closers", None)
+    if ids is None:
+        ids = []
+        for idx in range(llama.n_vocab()):
+            piece = llama._model.token_get_text(idx)
+            if piece.startswith(("\u010a", '"')):  # byte-level BPE writes a newline as U+010A
+                ids.append(idx)
+        llama._trace_closers = ids
+    return ids
+
+
+def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: list[str],
+            loop_guard: bool = False, free_fields: frozenset = frozenset(), stats: dict | None = None) -> dict:
     """Greedy decoding under a grammar, checking the grammar on the top token first.
 
     llama.cpp's grammar sampler tests every one of the 49k vocabulary entries
@@ -294,6 +397,11 @@ def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops:
     best allowed token matters: when the model's top token is allowed it is
     that token, and only otherwise is the whole vocabulary masked. The result
     is the token create_completion would pick, at a fraction of the cost.
+
+    With ``loop_guard``, a free-text value that starts to repeat itself (see
+    ``repeated_tail``; only the ``free_fields``) is cut back to its first statement and closed: greedy
+    decoding of a small model otherwise repeats the loop until the length cap,
+    spending tokens on text that only lowers the reply's worth.
     Returns a create_completion-shaped dict.
     """
     import numpy as np
@@ -311,37 +419,27 @@ def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops:
         keep += 1
     llama.n_tokens = keep
     llama.eval(tokens[keep:])
-    sampler = llama_cpp.llama_sampler_init_grammar(llama._model.vocab, grammar_text.encode("utf-8"), b"root")
-    if not sampler:
-        raise LocalModelError("llama.cpp could not parse the output grammar")
-    one = (llama_cpp.llama_token_data * 1)()
-    every = None
+    pick = _GrammarPick(llama, grammar_text)
+    vocab = llama._model.vocab
+    counts = stats if stats is not None else {}
     out: list[int] = []
     finish = "length"
     text = ""
+    closing = False
     try:
         while len(out) < max_tokens:
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
-            token = int(np.argmax(logits))
-            one[0].id, one[0].logit, one[0].p = token, float(logits[token]), 0.0
-            single = llama_cpp.llama_token_data_array(one, 1, -1, False)
-            llama_cpp.llama_sampler_apply(sampler, ctypes.byref(single))
-            if not np.isfinite(one[0].logit):  # not allowed: mask the whole vocabulary
-                if every is None:
-                    every = (llama_cpp.llama_token_data * n_vocab)()
-                    view = np.ctypeslib.as_array(every)
-                view["id"] = np.arange(n_vocab)
-                view["logit"] = logits
-                view["p"] = 0.0
-                whole = llama_cpp.llama_token_data_array(every, n_vocab, -1, False)
-                llama_cpp.llama_sampler_apply(sampler, ctypes.byref(whole))
-                token = int(view["id"][int(np.argmax(view["logit"]))])
-                if not np.isfinite(view["logit"]).any():
-                    raise LocalModelError("the output grammar allows no next token")
-            if llama_cpp.llama_vocab_is_eog(llama._model.vocab, token):
+            if closing:  # end the cut value: only a line break or a closing quote
+                masked = np.full(n_vocab, -np.inf, dtype=np.float32)
+                ids = _closers(llama)
+                masked[ids] = logits[ids]
+                logits = masked
+                closing = False
+            token = pick(logits)
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
                 finish = "stop"
                 break
-            llama_cpp.llama_sampler_accept(sampler, token)
+            pick.accept(token)
             out.append(token)
             text = llama.detokenize(out).decode("utf-8", errors="ignore")
             hit = min((text.find(s) for s in stops if s and s in text), default=-1)
@@ -349,9 +447,26 @@ def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops:
                 text = text[:hit]
                 finish = "stop"
                 break
-            llama.eval([token])
+            marker = _guard_field(text) if loop_guard and not text.endswith("\n") else None
+            if marker is not None and marker[0] in free_fields:
+                value = text[marker[1]:]
+                cut = repeated_tail(value)
+                if cut is not None and value[:cut].strip():
+                    target = len(text) - len(value) + len(value[:cut].rstrip(" ,;"))
+                    size = next(i for i in range(1, len(out) + 1)
+                                if len(llama.detokenize(out[:i]).decode("utf-8", errors="ignore")) >= target)
+                    counts["loops_cut"] = counts.get("loops_cut", 0) + 1
+                    counts["tokens_cut"] = counts.get("tokens_cut", 0) + len(out) - size
+                    del out[size:]
+                    pick.free()
+                    pick = _GrammarPick(llama, grammar_text)
+                    for t in out:
+                        pick.accept(t)
+                    llama.n_tokens = len(tokens) + size - 1
+                    closing = True
+            llama.eval([out[-1]])
     finally:
-        llama_cpp.llama_sampler_free(sampler)
+        pick.free()
     return {"id": f"greedy-{id(out)}", "choices": [{"text": text, "finish_reason": finish}],
             "usage": {"prompt_tokens": len(tokens), "completion_tokens": len(out),
                       "total_tokens": len(tokens) + len(out)}}
@@ -393,6 +508,7 @@ class LlamaEngine:
         quote_fields: dict[str, str] | None = None,
         text_limits: dict[str, int] | None = None,
         fast_greedy: bool = True,
+        loop_guard: bool = True,
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
@@ -409,6 +525,9 @@ class LlamaEngine:
         # Greedy calls under a grammar decode in our own loop, which checks the grammar
         # only on the top token (see _greedy); the answers are the same.
         self.fast_greedy = bool(fast_greedy)
+        # Fast greedy calls cut a free-text value that starts looping and close it.
+        self.loop_guard = bool(loop_guard)
+        self.guard_counts: dict[str, int] = {}
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
         self._sampled: dict[int, int] = {}
@@ -422,7 +541,7 @@ class LlamaEngine:
             "seed": self.seed, "constrained": self.constrained, "prefix_cache": self.prefix_cache,
             "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
-            "fast_greedy": self.fast_greedy,
+            "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard,
         }
 
     def __getstate__(self):
@@ -506,7 +625,9 @@ class LlamaEngine:
             self._position(model, messages, tokens, sampled=kwargs["temperature"] > 0)
             stops = [*full.stop, *(kwargs["stop"] or [])]
             if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
-                out = _greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops)
+                out = _greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops,
+                              loop_guard=self.loop_guard, stats=self.guard_counts,
+                              free_fields=frozenset(n for n, t in (output_fields(system) or []) if t == "str"))
             else:
                 out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops})
             usage = out.get("usage") or {}
@@ -603,4 +724,5 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
         name = DEFAULT_MODEL_NAME if model_path is None else "local/" + Path(model_path).stem.lower()
         name += "" if engine.constrained else "+unconstrained"
         name += "" if engine.prefix_cache else "+noreuse"
+        name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
     return dspy.LM(name, engine=engine, cache=cache)
