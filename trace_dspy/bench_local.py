@@ -31,11 +31,12 @@ from trace_dspy.data import load_test
 from trace_dspy.program import TraceProgram
 
 
-def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, fast_greedy: bool = True) -> dict:
+def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, fast_greedy: bool = True,
+                loop_guard: bool = True, retriever=None) -> dict:
     from trace_dspy.local_lm import local_lm
 
-    lm = local_lm(cache=False, prefix_cache=prefix_cache, fast_greedy=fast_greedy)
-    program = TraceProgram(program_config)
+    lm = local_lm(cache=False, prefix_cache=prefix_cache, fast_greedy=fast_greedy, loop_guard=loop_guard)
+    program = TraceProgram(program_config, retriever=retriever)
     engine = lm.engine
     stage_calls = final_failures = 0
     per_dialogue, outputs = [], []
@@ -65,6 +66,8 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, 
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "engine_seconds": stats.seconds,
+        "loop_guard": dict(engine.guard_counts),
+        "completion_tokens_by_stage": _tokens_by_stage(lm.history),
         "generated_tokens_per_s": stats.completion_tokens / stats.seconds,
         "outputs": outputs,
         "history": [
@@ -72,6 +75,110 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, 
             for h in lm.history
         ],
     }
+
+
+def _tokens_by_stage(history: list[dict]) -> dict[str, int]:
+    """Completion tokens per stage, named by each call's first output field."""
+    from trace_dspy.local_lm import output_fields
+
+    out: dict[str, int] = {}
+    for h in history:
+        messages = h.get("messages") or []
+        fields = output_fields(messages[0]["content"]) if messages and messages[0]["role"] == "system" else None
+        name = fields[0][0] if fields else "other"
+        out[name] = out.get(name, 0) + ((h.get("usage") or {}).get("completion_tokens", 0) or 0)
+    return out
+
+
+def measure_guard(examples, retriever=None) -> dict:
+    """The same dialogues with the loop guard off, then on: time, tokens, what changed."""
+    config = ProgramConfig()
+    run_program(examples[:1], prefix_cache=True, program_config=config, retriever=retriever)  # warm the prefixes
+    off = run_program(examples, prefix_cache=True, program_config=config, loop_guard=False, retriever=retriever)
+    on = run_program(examples, prefix_cache=True, program_config=config, retriever=retriever)
+    keys = ("seconds_per_dialogue", "lm_calls", "prompt_tokens", "completion_tokens", "engine_seconds",
+            "loop_guard", "completion_tokens_by_stage")
+    return {"dialogues": len(examples), "retrieval": retriever is not None,
+            "guard_off": {k: off[k] for k in keys}, "guard_on": {k: on[k] for k in keys},
+            "identical_outputs": sum(a == b for a, b in zip(off["outputs"], on["outputs"])),
+            "speedup": off["seconds_per_dialogue"] / on["seconds_per_dialogue"]}
+
+
+def measure_profile(examples, retriever=None) -> dict:
+    """Where the engine's time goes: prompt tokens read in batches against tokens generated one by one."""
+    import llama_cpp
+
+    from trace_dspy.local_lm import local_lm
+
+    config = ProgramConfig()
+    lm = local_lm(cache=False)
+    program = TraceProgram(config, retriever=retriever)
+    with dspy.context(lm=lm):
+        program(dialogue=examples[0].dialogue)  # warm the stage prefixes
+    parts = {"prompt": [0, 0.0], "generated": [0, 0.0]}
+    plain_eval = llama_cpp.Llama.eval
+
+    def timed_eval(self, tokens):
+        started = time.perf_counter()
+        plain_eval(self, tokens)
+        part = parts["generated" if len(tokens) == 1 else "prompt"]
+        part[0] += len(tokens)
+        part[1] += time.perf_counter() - started
+
+    llama_cpp.Llama.eval = timed_eval
+    try:
+        started = time.perf_counter()
+        with dspy.context(lm=lm):
+            for ex in progress(examples, desc="profile"):
+                program(dialogue=ex.dialogue)
+        total = time.perf_counter() - started
+    finally:
+        llama_cpp.Llama.eval = plain_eval
+    n = len(examples)
+    return {"dialogues": n, "retrieval": retriever is not None, "seconds_per_dialogue": total / n,
+            **{f"{name}_tokens_per_dialogue": count / n for name, (count, _) in parts.items()},
+            **{f"{name}_ms_per_token": 1000 * secs / max(1, count) for name, (count, secs) in parts.items()},
+            **{f"{name}_share_of_time": secs / total for name, (_, secs) in parts.items()}}
+
+
+def measure_batch_logits(threads: int = 2, positions: int = 16) -> list[dict]:
+    """Do logits read in one batch equal those of one token at a time? Max difference per position.
+
+    Identical greedy answers from multi-token or multi-sequence batches need
+    identical logits; this checks it on the embedded model.
+    """
+    import numpy as np
+    import llama_cpp
+
+    from trace_dspy.local_lm import default_model_path
+
+    llm = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=1024, n_threads=threads,
+                          n_threads_batch=threads, verbose=False)
+    text = ("Speaker: I lost my wallet on the bus today and I do not know what to do now. "
+            "Listener: Oh no, that is awful, did anyone hand it in?")
+    ids = llm.tokenize(text.encode())[: 10 + positions]
+    llm.eval(ids[:10])
+    start, vocab = llm.n_tokens, llm.n_vocab()
+
+    def last() -> np.ndarray:
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(vocab,)).copy()
+
+    single = []
+    for t in ids[10:]:
+        llm.eval([t])
+        single.append(last())
+    llm.n_tokens = start
+    llm._ctx.kv_cache_seq_rm(-1, start, -1)
+    batch = ids[10:]
+    llm._batch.set_batch(batch=batch, n_past=start, logits_all=True)
+    llm._ctx.decode(llm._batch)
+    rows = []
+    for i, ref in enumerate(single):
+        got = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, i), shape=(vocab,))
+        rows.append({"position_in_batch": i, "max_abs_logit_diff": round(float(np.abs(got - ref).max()), 4),
+                     "same_top_token": bool(np.argmax(got) == np.argmax(ref))})
+    llm.close()
+    return rows
 
 
 def run_raw(history: list[dict]) -> dict:
@@ -205,6 +312,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     parser.add_argument("--threads", type=int, help="llama.cpp threads (default: the engine's)")
     parser.add_argument("--batching", action="store_true",
                         help="only measure decode steps with 1-8 sequences per llama.cpp batch")
+    parser.add_argument("--guard", action="store_true",
+                        help="only compare the loop guard off and on (with retrieval from the data's pool)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only time prompt reading against generation (with retrieval from the data's pool)")
+    parser.add_argument("--batch-logits", action="store_true",
+                        help="only check whether batched logits equal one-token-at-a-time logits")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
     setup_logging()
@@ -222,6 +335,49 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
                 "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
                 "dialogues": len(examples), "best_of": rows})
+        return 0
+    command = "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:])
+    machine = {"python": platform.python_version(), "cpus": __import__("os").cpu_count()}
+    if args.batch_logits:
+        rows = measure_batch_logits(threads=args.threads or 2)
+        print("| position in batch | max logit difference | same top token |\n| ---: | ---: | --- |")
+        for r in rows:
+            print(f"| {r['position_in_batch']} | {r['max_abs_logit_diff']:.4f} | {r['same_top_token']} |")
+        if args.output:
+            from trace_dspy.jsonl import atomic_write_json
+
+            atomic_write_json(args.output, {"command": command, "machine": machine, "batch_logits": rows})
+        return 0
+    if args.guard or args.profile:
+        from trace_dspy.artifacts import load_for_run
+        from trace_dspy.cli import Settings
+        from trace_dspy.data import resolve_source
+
+        source = resolve_source(args.data, seed=args.seed)
+        examples = load_test(source, view="trace", limit=args.limit, seed=args.seed)
+        retriever = load_for_run("default", Settings(), data=source, seed=args.seed).program.retriever
+        if args.profile:
+            result = measure_profile(examples, retriever=retriever)
+            print("| measure | value |\n| --- | ---: |")
+            for key, value in result.items():
+                print(f"| {key} | {value:.3f} |" if isinstance(value, float) else f"| {key} | {value} |")
+            if args.output:
+                from trace_dspy.jsonl import atomic_write_json
+
+                atomic_write_json(args.output, {"command": command, "machine": machine, **result})
+            return 0
+        result = measure_guard(examples, retriever=retriever)
+        print("| loop guard | seconds per dialogue | completion tokens | loops cut |\n| --- | ---: | ---: | ---: |")
+        for name in ("guard_off", "guard_on"):
+            r = result[name]
+            print(f"| {name} | {r['seconds_per_dialogue']:.2f} | {r['completion_tokens']} | "
+                  f"{r['loop_guard'].get('loops_cut', 0)} |")
+        print(f"identical outputs: {result['identical_outputs']} of {result['dialogues']}; "
+              f"speed-up {result['speedup']:.2f}x")
+        if args.output:
+            from trace_dspy.jsonl import atomic_write_json
+
+            atomic_write_json(args.output, {"command": command, "machine": machine, **result})
         return 0
     if args.batching:
         rows = measure_batching()
