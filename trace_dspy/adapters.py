@@ -12,6 +12,7 @@ demos and fallbacks apply unchanged.
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import dspy
@@ -58,3 +59,119 @@ def choose_adapter(choice: str, lm) -> dspy.Adapter | None:
     if choice == "auto":
         return _COMPACT if lm is not None and is_constrained(lm) else None
     return make_adapter(choice)
+
+
+# ---------------------------------------------------------------- chat-native reply
+
+# How each planned mechanism is asked for, in words a small chat model follows.
+_STRATEGY_WORDS = {
+    "ER": "say warmly how you feel for them",
+    "IP": "show that you understand what they feel and why",
+    "EX": "ask one gentle question about what happened",
+}
+_ROLE_PREFIX = re.compile(r"^\s*(?:(?:speaker|listener|assistant|user|reply|response)\s*(?:\(reply\))?\s*:\s*)+",
+                          re.IGNORECASE)
+_SENTENCE = re.compile(r"[^.!?]*[.!?]+|[^.!?]+$")
+REPLY_MAX_TOKENS = 80
+
+
+def is_reply_signature(signature) -> bool:
+    """The reply stage: its one output is the ``response`` text."""
+    return list(signature.output_fields) == ["response"] and "dialogue" in signature.input_fields
+
+
+LISTENER_ROLE = "You are a caring friend. Answer the person in one or two short sentences of your own."
+
+
+def plan_in_words(inputs: dict) -> str:
+    """The plan of the earlier stages as one plain instruction.
+
+    Only the mechanisms are given: on the embedded model the emotion label and
+    the cause summary are often wrong or copied from the message, and a small
+    writer repeats them.
+    """
+    steps = [_STRATEGY_WORDS[s] for s in (inputs.get("strategy"), inputs.get("secondary_strategy"))
+             if s in _STRATEGY_WORDS]
+    steps = list(dict.fromkeys(steps))
+    return ("First " + ", then ".join(steps) + ".") if steps else ""
+
+
+def clean_reply(text: str) -> str:
+    """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
+    from trace_dspy.local_lm import repeated_tail
+
+    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+    line = _ROLE_PREFIX.sub("", line).strip().strip('"').strip()
+    cut = repeated_tail(line)
+    if cut is not None:
+        line = line[:cut].rstrip(" ,;")
+    sentences: list[str] = []
+    for sentence in (s.strip() for s in _SENTENCE.findall(line)):
+        if sentence and sentence.lower() not in {k.lower() for k in sentences}:
+            sentences.append(sentence)
+    return " ".join(sentences[:2])
+
+
+class ChatReplyAdapter(dspy.ChatAdapter):
+    """The reply stage as a plain chat: the conversation as user/assistant turns, the reply as the answer.
+
+    A 135M chat model answers a message sensibly in its own chat format but
+    loses its way in DSPy's multi-field layout (it repeats the speaker's turn or
+    the field markers). For the reply stage this adapter sends:
+
+    - a system message with the stage's instructions (compiled ones included)
+      and the analysis and plan of the earlier stages in words;
+    - each demo as a user turn (the speaker's last words) and an assistant
+      turn (the demo's reply);
+    - the conversation itself, speaker turns as user messages and listener
+      turns as assistant messages.
+
+    The completion is the reply (``clean_reply``). Retrieved exemplars are not
+    shown to the writer in this layout: the planner has used them, and a small
+    model pastes their replies. Every other stage is formatted as by DSPy's
+    ChatAdapter.
+    """
+
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
+        if is_reply_signature(signature):
+            lm_kwargs = {**lm_kwargs, "stop": ["\n"], "max_tokens": min(lm_kwargs.get("max_tokens") or REPLY_MAX_TOKENS,
+                                                        REPLY_MAX_TOKENS)}
+        return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+
+    def format(self, signature, demos, inputs):
+        if not is_reply_signature(signature):
+            return super().format(signature, demos, inputs)
+        from trace_dspy.dialogue import LISTENER, parse_dialogue
+
+        # Compiled instructions are the writer's; the stock ones describe the field layout.
+        instructions = textwrap.dedent(signature.instructions).strip()
+        stock = textwrap.dedent(_stock_instructions()).strip()
+        lead = LISTENER_ROLE if instructions == stock else instructions
+        system = f"{lead} {plan_in_words(inputs)}".strip()
+        messages = [{"role": "system", "content": system}]
+        for demo in demos:
+            if demo.get("dialogue") and demo.get("response"):
+                said = [t.text for t in parse_dialogue(demo["dialogue"]) if t.role != LISTENER]
+                if said:
+                    messages += [{"role": "user", "content": said[-1]},
+                                 {"role": "assistant", "content": str(demo["response"])}]
+        for turn in parse_dialogue(inputs["dialogue"]):
+            messages.append({"role": "assistant" if turn.role == LISTENER else "user", "content": turn.text})
+        return messages
+
+    def parse(self, signature, completion):
+        if not is_reply_signature(signature):
+            return super().parse(signature, completion)
+        reply = clean_reply(completion)
+        if not reply:
+            from dspy.utils.exceptions import AdapterParseError
+
+            raise AdapterParseError(adapter_name="ChatReplyAdapter", signature=signature, lm_response=completion,
+                                    message="the reply was empty after removing role prefixes and loops")
+        return {"response": reply}
+
+
+def _stock_instructions() -> str:
+    from trace_dspy.signatures import STAGE_SIGNATURES
+
+    return STAGE_SIGNATURES["generate_response"].instructions

@@ -21,6 +21,7 @@ CORE_STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_stra
 # Stages that an ablation may switch off. Emotion and reply are the task itself.
 OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
+REPLY_FORMATS: tuple[str, ...] = ("fields", "chat")
 
 
 class ConfigError(ValueError):
@@ -47,11 +48,16 @@ class ProgramConfig:
     adapter: how prompts are laid out: ``chat`` (DSPy's ChatAdapter), ``compact``
         (fewer layout tokens, for grammar-constrained small models), ``json``, or
         ``auto``: compact for a constrained LM, chat otherwise.
+    reply_format: how the reply stage is asked: ``fields`` (the adapter's field
+        layout, like every stage) or ``chat`` (the conversation as chat turns, the
+        plan in words, the reply as the plain answer; see
+        trace_dspy.adapters.ChatReplyAdapter).
     """
 
     reasoning: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
+    reply_format: str = "fields"
     retrieval: Any = None  # RetrievalConfig; a dict is accepted
     commonsense: bool = False
     reflection: bool = False
@@ -67,6 +73,8 @@ class ProgramConfig:
             object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))
         if self.adapter not in ADAPTER_CHOICES:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
+        if self.reply_format not in REPLY_FORMATS:
+            raise ConfigError(f"reply_format must be one of {', '.join(REPLY_FORMATS)}, not {self.reply_format!r}")
         if not isinstance(self.reflection_rounds, int) or not 1 <= self.reflection_rounds <= 5:
             raise ConfigError("reflection_rounds must be an integer from 1 to 5")
         if self.extra:
@@ -88,7 +96,7 @@ class ProgramConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
-                "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
+                "reply_format": self.reply_format, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 
     @classmethod

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import dspy
 
-from trace_dspy.adapters import choose_adapter
+from trace_dspy.adapters import ChatReplyAdapter, choose_adapter
 from trace_dspy.config import ProgramConfig
 from trace_dspy.dialogue import normalize_dialogue
 from trace_dspy.labels import ekman_group
@@ -95,6 +95,8 @@ class TraceProgram(dspy.Module):
     def _stage_context(self, stage: str):
         lm = self._stage_lms.get(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
+        if stage == "generate_response" and self.config.reply_format == "chat":
+            adapter = ChatReplyAdapter()
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 

@@ -108,6 +108,14 @@ class ScriptedEngine(_PicklesWithoutLock):
         """The completion text for a DSPy chat prompt (system text, last user message); records the call."""
         outputs = tuple(_output_fields(system))
         inputs = _sections(user_text)
+        if not outputs:  # the chat-native reply layout (ChatReplyAdapter): the answer is the reply itself
+            inputs = {"message": user_text, "system": system}
+            answer = dict(self.responder(("response",), inputs)) if self.responder else {}
+            value = answer.get("response", self.answers.get("response", DEFAULT_ANSWERS["response"]))
+            value = value(inputs) if callable(value) else value
+            with self._lock:
+                self.calls.append(Call(("response",), inputs, {"response": value}, system))
+            return str(value)
         answer = dict(self.responder(outputs, inputs)) if self.responder else {}
         for name in outputs:
             if name not in answer:

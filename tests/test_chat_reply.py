@@ -1,0 +1,94 @@
+"""The chat-native reply layout: the conversation as chat turns, the reply as the plain answer."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from trace_dspy import ProgramConfig, TraceProgram
+from trace_dspy.adapters import ChatReplyAdapter, clean_reply, plan_in_words
+from trace_dspy.config import ConfigError
+from trace_dspy.program import stage_signature
+from trace_dspy.testing import fake_lm
+
+DIALOGUE = "Speaker: I lost my wallet on the bus.\nListener: Oh no, did you report it?\nSpeaker: Yes, but nobody handed it in."
+
+
+def reply_inputs(**extra):
+    return {"dialogue": DIALOGUE, "emotion": "sad", "trigger_spans": ["I lost my wallet on the bus."],
+            "cause_summary": "A lost wallet.", "cause_category": "Loss & Grief", "strategy": "EX",
+            "secondary_strategy": "ER", "exemplars": ["Speaker: x\nListener (reply): COPY ME"], **extra}
+
+
+def test_the_conversation_becomes_chat_turns_and_the_plan_words():
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="chat"))
+    demos = [dspy.Example(dialogue="Speaker: My cat is ill.", response="That must be worrying.")]
+    messages = ChatReplyAdapter().format(signature, demos, reply_inputs())
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    system = messages[0]["content"]
+    assert "ask one gentle question" in system and "say warmly" in system
+    assert system.index("ask one gentle question") < system.index("say warmly")  # primary first
+    assert messages[1:3] == [{"role": "user", "content": "My cat is ill."},
+                             {"role": "assistant", "content": "That must be worrying."}]
+    assert [m["content"] for m in messages[3:]] == ["I lost my wallet on the bus.", "Oh no, did you report it?",
+                                                   "Yes, but nobody handed it in."]
+    # The writer never sees retrieved replies it could paste, nor the field markers.
+    assert not any("COPY ME" in m["content"] or "[[ ##" in m["content"] for m in messages)
+
+
+def test_compiled_instructions_replace_the_stock_lead():
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="chat"))
+    compiled = signature.with_instructions("Be brief and kind to the person.")
+    assert ChatReplyAdapter().format(compiled, [], reply_inputs())[0]["content"].startswith("Be brief and kind")
+    stock = ChatReplyAdapter().format(signature, [], reply_inputs())[0]["content"]
+    assert "[[" not in stock and "exemplars" not in stock
+
+
+def test_a_same_mechanism_plan_is_asked_once():
+    assert plan_in_words({"strategy": "EX", "secondary_strategy": "EX"}).count("question") == 1
+    assert plan_in_words({}) == ""
+
+
+@pytest.mark.parametrize(("raw", "clean"), [
+    ("Listener: That sounds awful. Did anyone help you?", "That sounds awful. Did anyone help you?"),
+    ('"I am sorry." \nSpeaker: thanks', "I am sorry."),
+    ("I am so sorry. I am so sorry. I am so sorry. I am", "I am so sorry."),
+    ("One. Two! Three? Four.", "One. Two!"),
+    ("That is hard. That is hard. Are you okay?", "That is hard. Are you okay?"),
+])
+def test_clean_reply(raw, clean):
+    assert clean_reply(raw) == clean
+
+
+def test_other_stages_keep_the_field_layout():
+    signature = stage_signature("plan_strategy", ProgramConfig())
+    messages = ChatReplyAdapter().format(signature, [], {k: v for k, v in reply_inputs().items()
+                                                         if k in signature.input_fields})
+    assert "[[ ## dialogue ## ]]" in messages[-1]["content"]
+
+
+def test_the_program_answers_through_the_chat_layout():
+    lm, engine = fake_lm(response="Listener: That sounds stressful. Was there anything important in it?")
+    program = TraceProgram(ProgramConfig(reply_format="chat"))
+    with dspy.context(lm=lm):
+        pred = program(dialogue=DIALOGUE)
+    assert pred.response == "That sounds stressful. Was there anything important in it?"
+    assert engine.stage_order() == ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
+    last = lm.history[-1]
+    assert [m["role"] for m in last["messages"]][-3:] == ["user", "assistant", "user"]
+    assert last["kwargs"]["stop"] == ["\n"] and last["kwargs"]["max_tokens"] <= 80
+
+
+def test_an_empty_reply_is_a_parse_error_not_a_blank_answer():
+    lm, _ = fake_lm(response="Listener:   ")
+    program = TraceProgram(ProgramConfig(reply_format="chat"))
+    with dspy.context(lm=lm), pytest.raises(dspy.utils.exceptions.AdapterParseError):
+        program(dialogue=DIALOGUE)
+
+
+def test_reply_format_is_validated_and_recorded():
+    with pytest.raises(ConfigError, match="reply_format"):
+        ProgramConfig(reply_format="prose")
+    config = ProgramConfig(reply_format="chat")
+    assert ProgramConfig.from_dict(config.to_dict()) == config
+    assert ProgramConfig().reply_format == "fields"
