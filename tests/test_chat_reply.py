@@ -91,4 +91,31 @@ def test_reply_format_is_validated_and_recorded():
         ProgramConfig(reply_format="prose")
     config = ProgramConfig(reply_format="chat")
     assert ProgramConfig.from_dict(config.to_dict()) == config
-    assert ProgramConfig().reply_format == "fields"
+    assert ProgramConfig().reply_format == "auto"
+
+
+def test_auto_picks_chat_for_a_constrained_model_and_fields_otherwise():
+    from trace_dspy.lms import GrammarLM
+
+    program = TraceProgram()
+    lm, _ = fake_lm()
+    assert program.reply_format(lm) == "fields"
+    assert program.reply_format(None) == "fields"
+    constrained = GrammarLM.__new__(GrammarLM)  # no connection needed to ask its kind
+    assert program.reply_format(constrained) == "chat"
+    assert TraceProgram(ProgramConfig(reply_format="fields")).reply_format(constrained) == "fields"
+
+
+def test_artifacts_saved_before_the_option_keep_the_field_layout(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    from trace_dspy.artifacts import load_folder
+
+    shipped = Path(__file__).resolve().parents[1] / "artifacts" / "trace-dspy" / "v0001"
+    folder = tmp_path / "v0001"
+    shutil.copytree(shipped, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "reply_format" not in manifest["config"]["program"]
+    assert load_folder(folder, attach_lms=False).program.config.reply_format == "fields"

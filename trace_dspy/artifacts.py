@@ -250,7 +250,10 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
     _warn_on_drift(manifest, folder)
     state = read_program_state(folder)
     try:
-        config = ProgramConfig.from_dict(manifest["config"].get("program"))
+        saved_program = dict(manifest["config"].get("program") or {})
+        # Saved before reply_format existed: keep the field layout it was compiled with.
+        saved_program.setdefault("reply_format", "fields")
+        config = ProgramConfig.from_dict(saved_program)
         recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
     except (ConfigError, AttributeError, TypeError) as exc:
         raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None

@@ -21,7 +21,7 @@ CORE_STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_stra
 # Stages that an ablation may switch off. Emotion and reply are the task itself.
 OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
-REPLY_FORMATS: tuple[str, ...] = ("fields", "chat")
+REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat")
 
 
 class ConfigError(ValueError):
@@ -49,15 +49,19 @@ class ProgramConfig:
         (fewer layout tokens, for grammar-constrained small models), ``json``, or
         ``auto``: compact for a constrained LM, chat otherwise.
     reply_format: how the reply stage is asked: ``fields`` (the adapter's field
-        layout, like every stage) or ``chat`` (the conversation as chat turns, the
+        layout, like every stage), ``chat`` (the conversation as chat turns, the
         plan in words, the reply as the plain answer; see
-        trace_dspy.adapters.ChatReplyAdapter).
+        trace_dspy.adapters.ChatReplyAdapter), or ``auto``: chat for a
+        grammar-constrained small model (the embedded one), where it was measured
+        to stop parroting (docs/benchmarks.md), fields otherwise. Artifacts saved
+        before the option existed load as ``fields``, the layout they were
+        compiled with.
     """
 
     reasoning: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
-    reply_format: str = "fields"
+    reply_format: str = "auto"
     retrieval: Any = None  # RetrievalConfig; a dict is accepted
     commonsense: bool = False
     reflection: bool = False

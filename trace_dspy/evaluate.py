@@ -35,7 +35,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "no_retrieval": {"retrieval": {"enabled": False}},
     "with_commonsense": {"commonsense": True},
     "with_reflection": {"reflection": True},
-    "chat_reply": {"reply_format": "chat"},
+    "fields_reply": {"reply_format": "fields"},  # the reply stage in the field layout (the default before "auto")
 }
 TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotion", "empathy_learned", "level_ER",
               "level_IP", "level_EX", "strategy_fit", "relevance", "grounded", "rules", "similarity", "judge",

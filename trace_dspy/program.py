@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import dspy
 
-from trace_dspy.adapters import ChatReplyAdapter, choose_adapter
+from trace_dspy.adapters import ChatReplyAdapter, choose_adapter, is_constrained
 from trace_dspy.config import ProgramConfig
 from trace_dspy.dialogue import normalize_dialogue
 from trace_dspy.labels import ekman_group
@@ -95,10 +95,17 @@ class TraceProgram(dspy.Module):
     def _stage_context(self, stage: str):
         lm = self._stage_lms.get(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
-        if stage == "generate_response" and self.config.reply_format == "chat":
+        if stage == "generate_response" and self.reply_format(lm or dspy.settings.lm) == "chat":
             adapter = ChatReplyAdapter()
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
+
+    def reply_format(self, lm=None) -> str:
+        """The reply stage's layout for ``lm`` (``auto`` resolved: chat for a constrained small model)."""
+        choice = self.config.reply_format
+        if choice == "auto":
+            return "chat" if lm is not None and is_constrained(lm) else "fields"
+        return choice
 
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
