@@ -105,9 +105,10 @@ def clean_reply(text: str) -> str:
     cut = repeated_tail(line)
     if cut is not None:
         line = line[:cut].rstrip(" ,;")
-    sentences: list[str] = []
+    sentences, seen = [], set()
     for sentence in (s.strip() for s in _SENTENCE.findall(line)):
-        if sentence and sentence.lower() not in {k.lower() for k in sentences}:
+        if sentence and sentence.lower() not in seen:
+            seen.add(sentence.lower())
             sentences.append(sentence)
     return " ".join(sentences[:2])
 
@@ -119,8 +120,8 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     loses its way in DSPy's multi-field layout (it repeats the speaker's turn or
     the field markers). For the reply stage this adapter sends:
 
-    - a system message with the stage's instructions (compiled ones included)
-      and the analysis and plan of the earlier stages in words;
+    - a one-line system message: a caring-friend lead (or the stage's
+      instructions once they are compiled) and the planned mechanisms in words;
     - each demo as a user turn (the speaker's last words) and an assistant
       turn (the demo's reply);
     - the conversation itself, speaker turns as user messages and listener
@@ -169,6 +170,14 @@ class ChatReplyAdapter(dspy.ChatAdapter):
             raise AdapterParseError(adapter_name="ChatReplyAdapter", signature=signature, lm_response=completion,
                                     message="the reply was empty after removing role prefixes and loops")
         return {"response": reply}
+
+
+_CHAT_REPLY = ChatReplyAdapter()
+
+
+def chat_reply_adapter() -> ChatReplyAdapter:
+    """The shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
+    return _CHAT_REPLY
 
 
 def _stock_instructions() -> str:

@@ -181,6 +181,14 @@ def measure_batch_logits(threads: int = 2, positions: int = 16) -> list[dict]:
     return rows
 
 
+def _write_record(path: Path | None, command: str, machine: dict, payload: dict) -> None:
+    """The JSON record of a measurement, when --output names one."""
+    if path:
+        from trace_dspy.jsonl import atomic_write_json
+
+        atomic_write_json(path, {"command": command, "machine": machine, **payload})
+
+
 def run_raw(history: list[dict]) -> dict:
     """The same prompts straight through llama-cpp-python, no grammar, no state restore."""
     from llama_cpp import Llama
@@ -321,6 +329,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     parser.add_argument("--output", type=Path, help="write the results as JSON")
     args = parser.parse_args(argv)
     setup_logging()
+    command = "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:])
+    machine = {"python": platform.python_version(), "cpus": __import__("os").cpu_count()}
     if args.best_of:
         examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)
         rows = measure_best_of(examples, args.best_of, threads=args.threads)
@@ -328,25 +338,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
         for r in rows:
             print(f"| {r['n']} | {r['seconds_per_dialogue']:.2f} | {r['cost_vs_n1']:.2f} | {r['lm_calls']} | "
                   f"{r['completion_tokens']} |")
-        if args.output:
-            from trace_dspy.jsonl import atomic_write_json
-
-            atomic_write_json(args.output, {
-                "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
-                "dialogues": len(examples), "best_of": rows})
+        _write_record(args.output, command, machine, {"dialogues": len(examples), "best_of": rows})
         return 0
-    command = "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:])
-    machine = {"python": platform.python_version(), "cpus": __import__("os").cpu_count()}
     if args.batch_logits:
         rows = measure_batch_logits(threads=args.threads or 2)
         print("| position in batch | max logit difference | same top token |\n| ---: | ---: | --- |")
         for r in rows:
             print(f"| {r['position_in_batch']} | {r['max_abs_logit_diff']:.4f} | {r['same_top_token']} |")
-        if args.output:
-            from trace_dspy.jsonl import atomic_write_json
-
-            atomic_write_json(args.output, {"command": command, "machine": machine, "batch_logits": rows})
+        _write_record(args.output, command, machine, {"batch_logits": rows})
         return 0
     if args.guard or args.profile:
         from trace_dspy.artifacts import load_for_run
@@ -361,10 +360,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
             print("| measure | value |\n| --- | ---: |")
             for key, value in result.items():
                 print(f"| {key} | {value:.3f} |" if isinstance(value, float) else f"| {key} | {value} |")
-            if args.output:
-                from trace_dspy.jsonl import atomic_write_json
-
-                atomic_write_json(args.output, {"command": command, "machine": machine, **result})
+            _write_record(args.output, command, machine, result)
             return 0
         result = measure_guard(examples, retriever=retriever)
         print("| loop guard | seconds per dialogue | completion tokens | loops cut |\n| --- | ---: | ---: | ---: |")
@@ -374,23 +370,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
                   f"{r['loop_guard'].get('loops_cut', 0)} |")
         print(f"identical outputs: {result['identical_outputs']} of {result['dialogues']}; "
               f"speed-up {result['speedup']:.2f}x")
-        if args.output:
-            from trace_dspy.jsonl import atomic_write_json
-
-            atomic_write_json(args.output, {"command": command, "machine": machine, **result})
+        _write_record(args.output, command, machine, result)
         return 0
     if args.batching:
         rows = measure_batching()
         print("| threads | sequences per batch | ms per step | ms per token |\n| ---: | ---: | ---: | ---: |")
         for r in rows:
             print(f"| {r['threads']} | {r['sequences']} | {r['ms_per_step']:.1f} | {r['ms_per_token']:.1f} |")
-        if args.output:
-            from trace_dspy.jsonl import atomic_write_json
-
-            atomic_write_json(args.output, {
-                "command": "python -m trace_dspy.bench_local " + " ".join(argv if argv is not None else sys.argv[1:]),
-                "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
-                "batching": rows})
+        _write_record(args.output, command, machine, {"batching": rows})
         return 0
 
     examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import dspy
 
-from trace_dspy.adapters import ChatReplyAdapter, choose_adapter, is_constrained
+from trace_dspy.adapters import chat_reply_adapter, choose_adapter, is_constrained
 from trace_dspy.config import ProgramConfig
 from trace_dspy.dialogue import normalize_dialogue
 from trace_dspy.labels import ekman_group
@@ -96,7 +96,7 @@ class TraceProgram(dspy.Module):
         lm = self._stage_lms.get(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
         if stage == "generate_response" and self.reply_format(lm or dspy.settings.lm) == "chat":
-            adapter = ChatReplyAdapter()
+            adapter = chat_reply_adapter()
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 

@@ -107,22 +107,21 @@ class ScriptedEngine(_PicklesWithoutLock):
     def reply_text(self, system: str, user_text: str) -> str:
         """The completion text for a DSPy chat prompt (system text, last user message); records the call."""
         outputs = tuple(_output_fields(system))
-        inputs = _sections(user_text)
-        if not outputs:  # the chat-native reply layout (ChatReplyAdapter): the answer is the reply itself
-            inputs = {"message": user_text, "system": system}
-            answer = dict(self.responder(("response",), inputs)) if self.responder else {}
-            value = answer.get("response", self.answers.get("response", DEFAULT_ANSWERS["response"]))
-            value = value(inputs) if callable(value) else value
-            with self._lock:
-                self.calls.append(Call(("response",), inputs, {"response": value}, system))
-            return str(value)
+        plain = not outputs  # the chat-native reply layout (ChatReplyAdapter): the answer is the reply itself
+        if plain:
+            outputs, inputs = ("response",), {"message": user_text, "system": system}
+        else:
+            inputs = _sections(user_text)
         answer = dict(self.responder(outputs, inputs)) if self.responder else {}
         for name in outputs:
             if name not in answer:
                 value = self.answers.get(name, DEFAULT_ANSWERS.get(name, f"<{name}>"))
                 answer[name] = value(inputs) if callable(value) else value
-        text = "\n\n".join(f"[[ ## {k} ## ]]\n{_render(answer[k])}" for k in outputs) + "\n\n[[ ## completed ## ]]"
-        instructions = system.rsplit("your objective is:", 1)[-1].strip()
+        if plain:
+            text, instructions = str(answer["response"]), system
+        else:
+            text = "\n\n".join(f"[[ ## {k} ## ]]\n{_render(answer[k])}" for k in outputs) + "\n\n[[ ## completed ## ]]"
+            instructions = system.rsplit("your objective is:", 1)[-1].strip()
         with self._lock:
             self.calls.append(Call(outputs, inputs, {k: answer[k] for k in outputs}, instructions))
         return text
