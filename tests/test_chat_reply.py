@@ -119,3 +119,12 @@ def test_artifacts_saved_before_the_option_keep_the_field_layout(tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "reply_format" not in manifest["config"]["program"]
     assert load_folder(folder, attach_lms=False).program.config.reply_format == "fields"
+
+
+def test_the_audit_note_reaches_the_writer_on_a_redo():
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="chat", reflection=True))
+    assert "revision_note" in signature.input_fields
+    first = ChatReplyAdapter().format(signature, [], reply_inputs(revision_note=""))[0]["content"]
+    redo = ChatReplyAdapter().format(signature, [], reply_inputs(revision_note="Do not give advice."))[0]["content"]
+    assert "not right" not in first
+    assert redo.startswith(first) and redo.endswith("Do not give advice.")

@@ -132,3 +132,34 @@ def test_program_flag_loads_a_compiled_artifact(fake_models, tmp_path, capsys):
     assert fake_models.calls[-1].instructions == "Be brief."
     assert main(["--program", str(tmp_path / "nothing"), "hi"]) == 2
     assert "cannot resolve program" in capsys.readouterr().err
+
+
+class _Terminal:
+    """A stderr stand-in that says it is a terminal and keeps what was written."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_status_line_on_a_terminal_only(fake_models, capsys, monkeypatch, tty):
+    terminal = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["I failed my driving test again."]) == 0
+    assert capsys.readouterr().out.strip() == "heard: Speaker: I failed my driving test again."
+    if tty:
+        shown = [part for part in terminal.text.split("\r\033[K") if part]
+        assert shown == ["thinking: reading how they feel...", "thinking: working out why...",
+                         "thinking: planning the reply...", "thinking: writing the reply..."]
+        assert terminal.text.endswith("\r\033[K")  # the line is wiped before the reply is printed
+    else:
+        assert "thinking" not in terminal.text and "\033" not in terminal.text

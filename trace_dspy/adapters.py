@@ -121,7 +121,8 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     the field markers). For the reply stage this adapter sends:
 
     - a one-line system message: a caring-friend lead (or the stage's
-      instructions once they are compiled) and the planned mechanisms in words;
+      instructions once they are compiled), the planned mechanisms in words,
+      and, when the reflection loop redoes the reply, its audit note;
     - each demo as a user turn (the speaker's last words) and an assistant
       turn (the demo's reply);
     - the conversation itself, speaker turns as user messages and listener
@@ -149,6 +150,9 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         stock = textwrap.dedent(_stock_instructions()).strip()
         lead = LISTENER_ROLE if instructions == stock else instructions
         system = f"{lead} {plan_in_words(inputs)}".strip()
+        note = str(inputs.get("revision_note") or "").strip()
+        if note:  # the reflection loop's audit of an earlier reply
+            system += f" Your last reply was not right: {note}"
         messages = [{"role": "system", "content": system}]
         for demo in demos:
             if demo.get("dialogue") and demo.get("response"):

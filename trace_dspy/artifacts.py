@@ -253,6 +253,8 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         saved_program = dict(manifest["config"].get("program") or {})
         # Saved before reply_format existed: keep the field layout it was compiled with.
         saved_program.setdefault("reply_format", "fields")
+        # Saved before the emotion prior existed: no candidates field in its stage.
+        saved_program.setdefault("prior_k", 0)
         config = ProgramConfig.from_dict(saved_program)
         recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
     except (ConfigError, AttributeError, TypeError) as exc:
@@ -267,10 +269,27 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
             raise ArtifactError(str(exc)) from None
     elif config.retrieval.enabled and manifest.get("retrieval", {}).get("index"):
         raise ArtifactError(f"{folder}: the retrieval index (index/) is missing")
+    program.emotion_prior = _load_prior(folder, manifest, config)
     lms = LMSet(lm_config or recorded_lm)
     if attach_lms:
         program.set_stage_lms(lms.stage_lms())
     return LoadedProgram(program, lms, manifest, folder, ref or str(folder))
+
+
+def _load_prior(folder: Path, manifest: dict[str, Any], config: ProgramConfig):
+    """The artifact's fitted emotion prior; None for artifacts compiled without one."""
+    from trace_dspy.core.emotion_prior import FILE_NAME, EmotionPrior, PriorError
+
+    path = folder / FILE_NAME
+    recorded = (manifest.get("emotion_prior") or {}).get("file")
+    if not path.is_file():
+        if recorded:
+            raise ArtifactError(f"{folder}: the emotion prior ({FILE_NAME}) is missing")
+        return None
+    try:
+        return EmotionPrior.load(path)
+    except PriorError as exc:
+        raise ArtifactError(str(exc)) from None
 
 
 def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
@@ -338,6 +357,33 @@ def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announ
     return cached_index(splits.train, config.retrieval, source.fingerprint)
 
 
+def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
+    """The emotion prior fitted on the training pool of ``data`` (cached by fingerprint), or None.
+
+    None, with a note on stderr, when the prior is off, the pool is too small
+    (the seed set) or the ``embed`` extra is missing; the emotion stage then
+    decides alone, and its ``emotion_path`` output says so.
+    """
+    if config.prior_k == 0:
+        return None
+    import sys
+
+    from trace_dspy.core.emotion_prior import MIN_TRAIN, PriorError, cached_prior, cached_prior_path
+    from trace_dspy.data import DataSource, resolve_source
+
+    source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=False)
+    if len(source.pool) < MIN_TRAIN:
+        return None
+    if not cached_prior_path(source, seed=seed).is_file():
+        print(f"emotion prior: fitting on the {len(source.pool)}-sample pool (once per data set, then cached)",
+              file=sys.stderr)
+    try:
+        return cached_prior(source, seed=seed)
+    except PriorError as exc:
+        print(f"emotion prior: not used ({exc})", file=sys.stderr)
+        return None
+
+
 def load_for_run(ref: str, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
                  announce_seed: bool = True) -> LoadedProgram:
     """What a command runs: the uncompiled program for 'default', else a loaded artifact.
@@ -350,6 +396,7 @@ def load_for_run(ref: str, settings, *, tracking_uri: str | None = None, data=No
         lms = LMSet(settings.lm)
         program = build_program(settings.program, None)
         program.retriever = default_retriever(settings.program, data, seed=seed, announce_seed=announce_seed)
+        program.emotion_prior = default_prior(settings.program, data, seed=seed)
         program.set_stage_lms(lms.stage_lms())
         return LoadedProgram(program, lms, {}, None, "default")
     return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri)

@@ -552,7 +552,7 @@ def compile_markdown(result: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- CLI
 
-SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer")
+SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion")
 
 
 def _int_list(text: str) -> list[int]:
@@ -562,6 +562,18 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("expected integers >= 1")
+    return values
+
+
+def _k_list(text: str) -> list[int]:
+    from trace_dspy.config import MAX_PRIOR_K
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0 or max(values) > MAX_PRIOR_K:
+        raise argparse.ArgumentTypeError(f"expected integers from 0 to {MAX_PRIOR_K}")
     return values
 
 
@@ -580,14 +592,15 @@ def build_parser() -> argparse.ArgumentParser:
                             ("concurrency", "throughput by thread count against a loopback fake server"),
                             ("embedded", "the embedded model against raw llama.cpp (bench_local)"),
                             ("compile", "wall time and LM calls of the default compile, cold then warm cache"),
-                            ("scorer", "milliseconds per example of the empathy metric, embeddings cold then cached")):
+                            ("scorer", "milliseconds per example of the empathy metric, embeddings cold then cached"),
+                            ("emotion", "emotion accuracy: majority, the fitted prior, the stage with and without it")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "embedded":
             continue  # its flags belong to trace_dspy.bench_local
         p.add_argument("--output-dir", type=Path, help="where tables and JSON go (default runs/bench)")
         p.add_argument("-v", "--verbose", action="store_true")
         add_data_args(p)
-        if name in ("quality", "compile"):
+        if name in ("quality", "compile", "emotion"):
             add_model_args(p)
         add_tracking_args(p)
         p.set_defaults(experiment=BENCH_EXPERIMENT)
@@ -615,6 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--latency", type=float, default=0.2, help="server latency per call, seconds")
             p.add_argument("--levels", type=_int_list, default=[1, 2, 4, 8, 16, 32], help="thread counts")
             p.add_argument("--per-thread", type=int, default=4, help="dialogues per thread at each level")
+        elif name == "emotion":
+            p.add_argument("--limit", type=int, default=300, help="seeded test items for the stage (default 300)")
+            p.add_argument("--k", type=_k_list, default=[0, 2, 3], help="candidate counts; 0 = the LM alone")
         elif name == "scorer":
             p.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
         elif name == "compile":
@@ -657,6 +673,92 @@ def scorer_markdown(result: dict[str, Any]) -> str:
     for name in ("cold", "cached"):
         row = result[name]
         lines.append(f"| {name} | {row['wall_ms_per_example']:.2f} | {row['cpu_ms_per_example']:.2f} |")
+    return "\n".join(lines)
+
+
+# Published 32-class emotion accuracy on ED test (the anchors of the emotion table).
+PUBLISHED_EMOTION = {"CEM (Sabour et al., 2022)": 0.391, "CASE (Zhou et al., 2023)": 0.402,
+                     "TRACE with GPT-4o, reported I-ACC": 0.4428}
+
+
+def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 3), seed: int = 0,
+                    cost_items: int = 100, on_item=None) -> dict[str, Any]:
+    """Emotion accuracy on the TRACE-view test set: the majority label, the fitted prior alone
+    on every item, and the stage (``recognize_emotion`` on ``lm``) with the prior's top ``k``
+    on ``limit`` seeded items (k = 0: the LM alone); plus the prior's milliseconds per dialogue."""
+    import random
+
+    from trace_dspy.config import ProgramConfig
+    from trace_dspy.core.emotion_prior import accuracy, cached_prior, default_encoder
+    from trace_dspy.data import partition_by_conversation, select_view
+    from trace_dspy.dialogue import speaker_text
+    from trace_dspy.labels import ekman_group
+    from trace_dspy.program import TraceProgram
+
+    prior = cached_prior(source, seed=seed)
+    encode = default_encoder()
+    test = select_view(source.test, "trace")
+    picked = sorted(random.Random(seed).sample(range(len(test)), min(limit, len(test))))
+    items = [test[i] for i in picked]
+    # Cost first, while the test texts are not yet in the embedder's cache: one dialogue per call.
+    cold = [t for t in test if t not in items][:cost_items]
+    times = []
+    for sample in cold:
+        start = time.perf_counter()
+        prior.candidates(sample.dialogue, 3, encode)
+        times.append(time.perf_counter() - start)
+    texts, gold = [speaker_text(s.dialogue) for s in test], [s.emotion for s in test]
+    train = partition_by_conversation(source.pool, 0.2, seed=seed)[0]
+    majority = max(sorted({s.emotion for s in train}), key=[s.emotion for s in train].count)
+    group_majority = max(sorted({ekman_group(s.emotion) for s in train}),
+                         key=[ekman_group(s.emotion) for s in train].count)
+    result: dict[str, Any] = {
+        "test_items": len(test), "stage_items": len(items), "seed": seed, "prior": prior.describe(),
+        "majority": {"label": majority, "accuracy": sum(g == majority for g in gold) / len(gold),
+                     "group": group_majority,
+                     "group_accuracy": sum(ekman_group(g) == group_majority for g in gold) / len(gold)},
+        "prior_all": {**accuracy(prior, texts, gold, encode), "n": len(test)},
+        "prior_on_stage_items": accuracy(prior, [speaker_text(s.dialogue) for s in items],
+                                         [s.emotion for s in items], encode),
+        "prior_ms_per_dialogue": _ms(times), "published": PUBLISHED_EMOTION, "stage": []}
+    for k in ks:
+        program = TraceProgram(ProgramConfig(prior_k=k), emotion_prior=prior if k else None)
+        program.set_stage_lms({"recognize_emotion": lm})
+        right = group_right = outside = 0
+        start = time.perf_counter()
+        for n, sample in enumerate(items, 1):
+            state = {"dialogue": sample.dialogue}
+            if k:
+                state["emotion_candidates"] = program.emotion_candidates(sample.dialogue)[0]
+            label = program._call("recognize_emotion", state).emotion
+            right += label == sample.emotion
+            group_right += ekman_group(label) == ekman_group(sample.emotion)
+            if k:
+                outside += label not in {c for c, _ in prior.candidates(sample.dialogue, k, encode)}
+            if on_item:
+                on_item(k, n, len(items))
+        result["stage"].append({"k": k, "accuracy": right / len(items), "group_accuracy": group_right / len(items),
+                                "outside_candidates": outside,
+                                "seconds_per_item": (time.perf_counter() - start) / len(items)})
+    return result
+
+
+def emotion_markdown(result: dict[str, Any]) -> str:
+    n, m = result["stage_items"], result["test_items"]
+    rows = [("majority label (" + result["majority"]["label"] + ")", m, result["majority"]["accuracy"],
+             result["majority"]["group_accuracy"])]
+    rows.append(("fitted prior alone, top-1", m, result["prior_all"]["accuracy"], result["prior_all"]["group_accuracy"]))
+    rows.append(("fitted prior alone, top-1", n, result["prior_on_stage_items"]["accuracy"],
+                 result["prior_on_stage_items"]["group_accuracy"]))
+    for row in result["stage"]:
+        name = "LM alone (prior off)" if row["k"] == 0 else f"prior top-{row['k']} + LM"
+        rows.append((name, n, row["accuracy"], row["group_accuracy"]))
+    lines = ["| system | items | 32-class accuracy | 6-group accuracy |", "| --- | ---: | ---: | ---: |"]
+    lines += [f"| {a} | {b} | {c:.3f} | {d:.3f} |" for a, b, c, d in rows]
+    lines += [f"| {name} (published) | 5,255 | {acc:.3f} | - |" for name, acc in result["published"].items()]
+    cost = result["prior_ms_per_dialogue"]
+    lines += ["", f"Prior cost: {cost['mean_ms']:.1f} ms per dialogue (median {cost['median_ms']:.1f}, "
+              f"p95 {cost['p95_ms']:.1f}, {cost['calls']} calls), one dialogue per call, embeddings not cached."]
     return "\n".join(lines)
 
 
@@ -752,6 +854,18 @@ def main(argv: list[str] | None = None) -> int:
             return _finish(args, argv, "concurrency", result, concurrency_markdown(result))
         if args.command == "compile":
             return _compile(args, argv, settings)
+        if args.command == "emotion":
+            if args.limit < 1:
+                return fail("--limit must be at least 1")
+            from trace_dspy.data import resolve_source
+            from trace_dspy.lms import LMSet
+
+            source = resolve_source(settings.data_source(args.data), seed=args.seed)
+            lm = LMSet(settings.lm).stage_lms().get("recognize_emotion") or LMSet(settings.lm).default
+            with progress(desc="emotion stage", total=args.limit * len(args.k)) as bar:
+                result = measure_emotion(source, lm, limit=args.limit, ks=args.k, seed=args.seed,
+                                         on_item=lambda *_: bar.update(1))
+            return _finish(args, argv, "emotion", result, emotion_markdown(result))
         if args.command == "scorer":
             if args.limit < 1:
                 return fail("--limit must be at least 1")

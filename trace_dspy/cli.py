@@ -123,6 +123,61 @@ def progress(iterable=None, **kwargs):
     return tqdm(iterable, disable=not sys.stderr.isatty(), file=sys.stderr, **kwargs)
 
 
+# What a status line says while each stage runs.
+STAGE_WORDS = {
+    "recognize_emotion": "reading how they feel",
+    "infer_commonsense": "thinking about what they need",
+    "analyze_cause": "working out why",
+    "plan_strategy": "planning the reply",
+    "generate_response": "writing the reply",
+    "reflect": "checking the reply",
+}
+
+
+class TerminalStatus:
+    """One self-overwriting status line on a terminal's stderr; silent when stderr is piped or redirected."""
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def stage_status_callback(program, status: TerminalStatus):
+    """A DSPy callback that shows which stage of ``program`` is running on ``status``."""
+    from dspy.utils.callback import BaseCallback
+
+    names = {id(p): n for n, p in program.named_predictors()}
+
+    class _StageStatus(BaseCallback):
+        def on_module_start(self, call_id, instance, inputs):
+            name = names.get(id(instance))
+            if name:
+                status.show(f"thinking: {STAGE_WORDS.get(name, name)}...")
+
+    return _StageStatus()
+
+
+def warm_up_with_status(lm, status: TerminalStatus) -> None:
+    """Load an embedded model before the first stage, saying so on the terminal."""
+    engine = getattr(lm, "engine", None)
+    if hasattr(engine, "warm_up"):
+        status.show("loading the model...")
+        engine.warm_up()
+
+
 def existing_file(value: str) -> Path:
     path = Path(value)
     if not path.is_file():

@@ -173,7 +173,9 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
         # Exemplars come from the whole training partition (never dev), not just the sampled train set.
         pool = load_splits(source, seed=cfg.seed).train
         retriever = cached_index(pool, retrieval, source.fingerprint)
-    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever)
+    prior, prior_record = _fit_prior(cfg, source)
+    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever,
+                           emotion_prior=prior)
     metric = build_metric(cfg.settings, lms)
     # Training replies are what demos show the model: a dev reply that copies one scores 0.
     metric.add_copy_sources(e.response for e in splits.train)
@@ -227,13 +229,18 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 "retrieval": {**retrieval.to_dict(),
                               "index": retriever.fingerprint if retriever is not None else None,
                               "pool_items": len(retriever.items) if retriever is not None else 0},
+                "emotion_prior": prior_record,
             }
             index_dir = None
             if retriever is not None:
                 index_dir = retriever.save(tmp / "index")
+            extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
+            if prior is not None:
+                from trace_dspy.core.emotion_prior import FILE_NAME
+
+                extra_files[FILE_NAME] = prior.save(tmp / FILE_NAME)
             folder = save_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
-                                   extra_files={"dev_before.jsonl": tmp / "dev_before.jsonl",
-                                                "dev_after.jsonl": tmp / "dev_after.jsonl"},
+                                   extra_files=extra_files,
                                    extra_dirs={"index": index_dir} if index_dir else None)
             from trace_dspy.artifacts import read_manifest
 
@@ -253,6 +260,27 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                                  "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
     return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
                          time.perf_counter() - started)
+
+
+def _fit_prior(cfg: CompileConfig, source):
+    """Fit the emotion prior on the training side of the pool; (None, why) when it cannot be."""
+    if cfg.settings.program.prior_k == 0:
+        return None, {"file": None, "reason": "prior_k = 0"}
+    from trace_dspy.core.emotion_prior import FILE_NAME, MIN_TRAIN, PriorError, cached_prior
+
+    if len(source.pool) < MIN_TRAIN:
+        reason = f"the pool has {len(source.pool)} samples, fewer than the {MIN_TRAIN} a prior needs"
+        _log(f"emotion prior: not fitted ({reason}); the LM decides the emotion alone")
+        return None, {"file": None, "reason": reason}
+    _log(f"emotion prior: fitting on the training side of {len(source.pool)} pool samples")
+    try:
+        prior = cached_prior(source, seed=cfg.seed)  # deterministic: a refit would give the same arrays
+    except PriorError as exc:
+        _log(f"emotion prior: not fitted ({exc}); the LM decides the emotion alone")
+        return None, {"file": None, "reason": str(exc)}
+    _log(f"emotion prior: dev accuracy {prior.meta['dev_accuracy']:.3f} (group {prior.meta['dev_group_accuracy']:.3f}) "
+         f"in {prior.meta['fit_seconds']:.0f} s")
+    return prior, {"file": FILE_NAME, **prior.describe()}
 
 
 def _scalars(summary: dict[str, Any]) -> dict[str, Any]:

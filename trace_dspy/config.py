@@ -22,6 +22,8 @@ CORE_STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_stra
 OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat")
+MAX_PRIOR_K = 8
+MAX_BEST_OF = 8
 
 
 class ConfigError(ValueError):
@@ -56,12 +58,24 @@ class ProgramConfig:
         to stop parroting (docs/benchmarks.md), fields otherwise. Artifacts saved
         before the option existed load as ``fields``, the layout they were
         compiled with.
+    prior_k: how many candidate labels the fitted emotion prior (see
+        trace_dspy.core.emotion_prior) offers ``recognize_emotion``, with their
+        probabilities; a grammar-constrained engine may only choose among them.
+        0 turns the prior off. Artifacts saved before the prior existed load with 0.
+    best_of: how many reply candidates the reply stage may write: the first as
+        the LM is configured (greedy by default), the others by ``dspy.BestOfN``
+        at temperature 1.0; the one with the highest reference-free metric score
+        (learned empathy, strategy fit, relevance and rules; no LM call) is kept.
+        Candidates stop as soon as one reaches ``best_of_threshold``. 1 = one reply.
     """
 
     reasoning: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
     reply_format: str = "auto"
+    prior_k: int = 3
+    best_of: int = 1
+    best_of_threshold: float = 0.6
     retrieval: Any = None  # RetrievalConfig; a dict is accepted
     commonsense: bool = False
     reflection: bool = False
@@ -79,6 +93,13 @@ class ProgramConfig:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
         if self.reply_format not in REPLY_FORMATS:
             raise ConfigError(f"reply_format must be one of {', '.join(REPLY_FORMATS)}, not {self.reply_format!r}")
+        if isinstance(self.prior_k, bool) or not isinstance(self.prior_k, int) or not 0 <= self.prior_k <= MAX_PRIOR_K:
+            raise ConfigError(f"prior_k must be an integer from 0 (prior off) to {MAX_PRIOR_K}, not {self.prior_k!r}")
+        if isinstance(self.best_of, bool) or not isinstance(self.best_of, int) or not 1 <= self.best_of <= MAX_BEST_OF:
+            raise ConfigError(f"best_of must be an integer from 1 to {MAX_BEST_OF}, not {self.best_of!r}")
+        if isinstance(self.best_of_threshold, bool) or not isinstance(self.best_of_threshold, (int, float)) \
+                or not 0 <= self.best_of_threshold <= 1:
+            raise ConfigError(f"best_of_threshold must be a number in [0, 1], not {self.best_of_threshold!r}")
         if not isinstance(self.reflection_rounds, int) or not 1 <= self.reflection_rounds <= 5:
             raise ConfigError("reflection_rounds must be an integer from 1 to 5")
         if self.extra:
@@ -100,7 +121,8 @@ class ProgramConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
-                "reply_format": self.reply_format, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
+                "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
+                "best_of_threshold": self.best_of_threshold, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 
     @classmethod

@@ -36,6 +36,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "with_commonsense": {"commonsense": True},
     "with_reflection": {"reflection": True},
     "fields_reply": {"reply_format": "fields"},  # the reply stage in the field layout (the default before "auto")
+    "no_prior": {"prior_k": 0},  # the emotion stage without the fitted prior's candidates
+    "best_of_2": {"best_of": 2},  # up to 2 reply candidates, the best by the reference-free metric
+    "best_of_4": {"best_of": 4},
 }
 TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotion", "empathy_learned", "level_ER",
               "level_IP", "level_EX", "strategy_fit", "relevance", "grounded", "rules", "similarity", "judge",
@@ -235,8 +238,8 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
             return fail(f"{name}: {exc}", code=1)
     full = [r.get("score", 0.0) for r in results["full"].rows]
     lines = ["| variant | empathy | diff vs full [95% CI] | learned empathy | strategy fit | relevance | emotion_acc | "
-             "similarity | rules | Dist-2 | collapsed | failed |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+             "similarity | rules | Dist-2 | collapsed | failed | replies written | s/dialogue |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     table = {}
     for name, result in results.items():
         scores = [r.get("score", 0.0) for r in result.rows]
@@ -248,7 +251,8 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
         cells = [f"{summ[k]:.4f}" if isinstance(summ.get(k), float) else "-"
                  for k in ("empathy_learned", "strategy_fit", "relevance", "emotion_acc", "similarity", "rules")]
         lines.append(f"| {name} | {summ['empathy']:.4f} | {ci} | " + " | ".join(cells)
-                     + f" | {summ.get('dist2', 0):.1f} | {'yes' if summ.get('collapsed') else 'no'} | {summ['failed']} |")
+                     + f" | {summ.get('dist2', 0):.1f} | {'yes' if summ.get('collapsed') else 'no'} | {summ['failed']} | "
+                     + f"{summ.get('reply_candidates_per_dialogue', 1.0):.2f} | {summ.get('seconds_per_dialogue', 0):.1f} |")
     print("\n".join(lines))
     atomic_write_json(out_dir / "ablation.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
                                                   "run": parts, "table": table})

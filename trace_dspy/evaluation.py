@@ -36,7 +36,7 @@ from trace_dspy.optimize.scorers import (
 )
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
-                     "strategy", "secondary_strategy", "response")
+                     "strategy", "secondary_strategy", "response", "emotion_path", "reply_rewards")
 # Below this many finished examples the failure rate is too noisy to stop on.
 MIN_EXAMPLES_FOR_FAILURE_STOP = 10
 
@@ -222,6 +222,9 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         summary["seconds_per_dialogue"] = sum(r["seconds"] for r in timed) / len(timed)
         for key in ("lm_calls", "prompt_tokens", "completion_tokens"):
             summary[f"{key}_per_dialogue"] = sum(r.get(key, 0) for r in timed) / len(timed)
+    candidates = [len(p["reply_rewards"]) for p in preds if isinstance(p.get("reply_rewards"), list)]
+    if candidates:  # Best-of-N: how many replies were written per dialogue
+        summary["reply_candidates_per_dialogue"] = sum(candidates) / len(candidates)
     for comp in COMPONENTS:
         value = safe_mean((r.get("components") or {}).get(comp) for r in ok)
         if value is not None:

@@ -107,6 +107,7 @@ def summary(art: Artifact) -> dict[str, Any]:
         "data": {**data, **{k.replace("_ids", ""): n for k, n in ids.items()}},
         "config": {k: config.get(k) for k in ("program", "lm", "data", "run") if k in config},
         "retrieval": m.get("retrieval"),
+        "emotion_prior": m.get("emotion_prior"),
         "dspy": (m.get("packages") or {}).get("dspy"),
         "packages": m.get("packages") or {},
         "git_commit": m.get("git_commit"),
@@ -168,6 +169,19 @@ def _program_switches(program: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _prior_line(prior: dict[str, Any] | None, program: dict[str, Any]) -> str:
+    """How the artifact decides the emotion, with the fitted prior's dev accuracy."""
+    k = program.get("prior_k", 0)
+    if not k:
+        return "LM alone (no emotion prior)"
+    if not prior or not prior.get("file"):
+        reason = (prior or {}).get("reason", "none was fitted")
+        return f"LM alone (prior_k {k}, but {reason})"
+    return (f"prior top {k} + LM; prior dev accuracy {_num(prior.get('dev_accuracy'))} "
+            f"(group {_num(prior.get('dev_group_accuracy'))}, top-3 {_num(prior.get('dev_top3'))}) "
+            f"on {prior.get('dev_samples')} dev items, fitted on {prior.get('train_samples')}")
+
+
 def render_summary(art: Artifact) -> str:
     s = summary(art)
     scores = s["scores"]
@@ -182,6 +196,7 @@ def render_summary(art: Artifact) -> str:
         ("data", f"{data.get('kind', '?')} {data.get('fingerprint', '')}".rstrip()
          + (f" ({data['train']} train, {data['dev']} dev)" if "train" in data and "dev" in data else "")),
         ("program", _program_switches((s["config"] or {}).get("program") or {})),
+        ("emotion", _prior_line(s["emotion_prior"], (s["config"] or {}).get("program") or {})),
         ("models", _models(s["config"])),
         ("dspy", s["dspy"] or "-"),
         ("git commit", s["git_commit"] or "-"),

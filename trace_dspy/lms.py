@@ -208,10 +208,11 @@ class GrammarLM(dspy.LM):
 
     @staticmethod
     def _with_grammar(messages, kwargs):
-        from trace_dspy.local_lm import output_grammar
+        from trace_dspy.local_lm import grammar_for
 
         if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
-            grammar = output_grammar(str(messages[0].get("content", "")))
+            last = messages[-1] if isinstance(messages[-1], dict) and messages[-1].get("role") == "user" else {}
+            grammar = grammar_for(str(messages[0].get("content", "")), str(last.get("content", "")))
             if grammar:
                 kwargs = {**kwargs, "extra_body": {**kwargs.get("extra_body", {}), "grammar": grammar}}
         return kwargs

@@ -108,7 +108,8 @@ _SCALARS = {
 }
 
 
-def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | None) -> str | None:
+def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | None,
+                choices: list[str] | None = None) -> str | None:
     """GBNF for one field value, or None when the type is not supported."""
     if type_str.startswith("Literal[") and type_str.endswith("]"):
         try:
@@ -117,6 +118,9 @@ def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | No
             return None
         if not all(isinstance(v, str) for v in values):
             return None
+        # Candidates narrow the label set; none of them allowed means they are ignored.
+        narrowed = [v for v in values if v in set(choices or ())]
+        values = narrowed or values
         return "(" + " | ".join(_gbnf_literal(json.dumps(v) if as_json else v) for v in values) + ")"
     if type_str == "list[str]":
         if quotes:
@@ -146,11 +150,14 @@ def output_grammar(
     *,
     limits: dict[str, int] | None = None,
     quotes: dict[str, list[str]] | None = None,
+    choices: dict[str, list[str]] | None = None,
 ) -> str | None:
     """A GBNF grammar for the reply that a DSPy chat or JSON adapter prompt asks for.
 
     limits: maximum characters per free-text field (default MAX_TEXT_CHARS).
     quotes: for list fields, the only strings their items may be (verbatim quoting).
+    choices: for label (``Literal``) fields, the only labels allowed (e.g. the
+        emotion prior's candidates); labels outside the field's type are ignored.
     Returns None when the prompt is not in a recognised layout or a field has
     an unsupported type; the call then runs unconstrained.
     """
@@ -160,10 +167,10 @@ def output_grammar(
     as_json = _JSON_MARKER in system and _CHAT_MARKER not in system
     if not as_json and _CHAT_MARKER not in system:
         return None
-    limits, quotes = limits or {}, quotes or {}
+    limits, quotes, choices = limits or {}, quotes or {}, choices or {}
     parts = []
     for i, (name, type_str) in enumerate(fields):
-        rule = _value_rule(type_str, as_json, limits.get(name, MAX_TEXT_CHARS), quotes.get(name))
+        rule = _value_rule(type_str, as_json, limits.get(name, MAX_TEXT_CHARS), quotes.get(name), choices.get(name))
         if rule is None:
             return None
         if as_json:
@@ -200,6 +207,31 @@ def quotable_sentences(user_message: str, field: str, max_items: int = 40) -> li
             if len(sentence) > 1 and sentence not in out:
                 out.append(sentence[:400])
     return out[-max_items:]
+
+
+_LISTED = re.compile(r"([a-z]+) \((\d+)%\)")
+# Output label field -> the input field that lists its candidates.
+DEFAULT_CHOICE_FIELDS = {"emotion": "emotion_candidates"}
+
+
+def listed_choices(user_message: str, field: str) -> list[str]:
+    """The labels listed as ``label (NN%), ...`` in an input section (the emotion prior's format)."""
+    section = next((m.group(2) for m in _SECTION.finditer(user_message) if m.group(1) == field), None)
+    return [m.group(1) for m in _LISTED.finditer(section or "")]
+
+
+def grammar_for(system: str, user: str, *, limits: dict[str, int] | None = None,
+                quote_fields: dict[str, str] | None = None,
+                choice_fields: dict[str, str] | None = None) -> str | None:
+    """The output grammar for one prompt, with quoting and candidate labels read from its user message."""
+    quotes, choices = {}, {}
+    for out_field, in_field in (quote_fields or {}).items():
+        if f"`{out_field}`" in system and (sentences := quotable_sentences(user, in_field)):
+            quotes[out_field] = sentences
+    for out_field, in_field in (DEFAULT_CHOICE_FIELDS if choice_fields is None else choice_fields).items():
+        if f"`{out_field}`" in system and (labels := listed_choices(user, in_field)):
+            choices[out_field] = labels
+    return output_grammar(system, limits=limits, quotes=quotes, choices=choices)
 
 
 # ---------------------------------------------------------------- shared models
@@ -574,16 +606,10 @@ class LlamaEngine:
         """The compiled grammar for a prompt and its GBNF text, (None, None) when unconstrained."""
         if not self.constrained:
             return None, None
-        quotes = {}
-        for out_field, in_field in self.quote_fields.items():
-            if f"`{out_field}`" in system:
-                sentences = quotable_sentences(user, in_field)
-                if sentences:
-                    quotes[out_field] = sentences
-        key = (system, json.dumps(quotes, sort_keys=True))
+        text = grammar_for(system, user, limits=self.text_limits, quote_fields=self.quote_fields)
+        key = (system, text)
         with self._grammar_lock:
             if key not in self._grammars:
-                text = output_grammar(system, limits=self.text_limits, quotes=quotes)
                 grammar = None
                 if text is not None:
                     grammar = _import_llama().LlamaGrammar.from_string(text, verbose=False)

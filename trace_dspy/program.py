@@ -33,6 +33,8 @@ _PRODUCED_BY = {
 }
 _REASONING_DESC = "Think it through step by step, briefly, before answering."
 _COMMONSENSE_DESC = "Commonsense inferences about the speaker (intent, need, want, effect, reaction)."
+_CANDIDATES_DESC = ("The emotions a classifier fitted on past conversations finds most likely, with their "
+                    "probabilities; usually one of them is right. Empty when no classifier is available.")
 _NOTE_DESC = "An audit's note on an earlier attempt at this stage; empty on the first attempt."
 _ATOMIC = (("x_intent", "xIntent"), ("x_need", "xNeed"), ("x_want", "xWant"), ("x_effect", "xEffect"),
            ("x_react", "xReact"))
@@ -46,6 +48,8 @@ def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
             for name in names:
                 if name in sig.input_fields:
                     sig = sig.delete(name)
+    if stage == "recognize_emotion" and config.prior_k > 0:
+        sig = sig.append("emotion_candidates", dspy.InputField(desc=_CANDIDATES_DESC), type_=str)
     if stage == "analyze_cause" and config.commonsense:
         sig = sig.append("commonsense", dspy.InputField(desc=_COMMONSENSE_DESC), type_=str)
     if config.reflection and stage != "reflect":
@@ -70,11 +74,17 @@ class TraceProgram(dspy.Module):
     """
 
     def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None,
-                 retriever=None):
+                 retriever=None, emotion_prior=None):
         super().__init__()
         self.config = config or ProgramConfig()
         # An ExemplarIndex (trace_dspy.retrieval); used when exemplars are not passed in.
         self.retriever = retriever
+        # An EmotionPrior (trace_dspy.core.emotion_prior); offers recognize_emotion its top-k labels.
+        self.emotion_prior = emotion_prior
+        self._prior_encoder = None
+        # Best-of-N reply reward: None = the default metric's reference-free score.
+        self.reward_fn = None
+        self._reward_metric = None
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
@@ -110,7 +120,8 @@ class TraceProgram(dspy.Module):
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
-        for shared in (*self._stage_lms.values(), self.retriever):
+        for shared in (*self._stage_lms.values(), self.retriever, self.emotion_prior, self._prior_encoder,
+                       self._reward_metric, self.reward_fn):
             if shared is not None:
                 memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
@@ -129,15 +140,46 @@ class TraceProgram(dspy.Module):
         hits = self.retriever.search(dialogue, emotion=emotion, k=cfg.k, filter_by_group=cfg.filter_by_group)
         return [format_exemplar(h) for h in hits]
 
+    def emotion_path(self) -> str:
+        """Which way the emotion is decided: ``prior+lm``, or ``lm`` and why the prior is not used."""
+        if self.config.prior_k == 0:
+            return "lm (prior off: prior_k = 0)"
+        if self.emotion_prior is None:
+            return "lm (this program has no fitted emotion prior)"
+        try:
+            self._encoder()
+        except Exception as exc:  # PriorError: the embed extra is missing
+            return f"lm ({exc})"
+        return f"prior+lm (top {self.config.prior_k})"
+
+    def _encoder(self):
+        if self._prior_encoder is None:
+            from trace_dspy.core.emotion_prior import default_encoder
+
+            self._prior_encoder = default_encoder()
+        return self._prior_encoder
+
+    def emotion_candidates(self, dialogue: str) -> tuple[str, str]:
+        """The prior's candidates as the stage's field value (empty without a usable prior) and the path taken."""
+        path = self.emotion_path()
+        if not path.startswith("prior"):
+            return "", path
+        from trace_dspy.core.emotion_prior import format_candidates
+
+        return format_candidates(self.emotion_prior.candidates(dialogue, self.config.prior_k, self._encoder())), path
+
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
         state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or []),
                        "revision_note": ""}
         outputs: dict = {}
+        state["emotion_candidates"], outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
         retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
         pipeline = [s for s in self.config.pipeline() if s != "reflect"]
         self._run_stages(pipeline, state, outputs, retrieve)
         if self.config.reflection:
             outputs["audits"] = self._reflect(pipeline, state, outputs)
+        if "reply_rewards" in state:
+            outputs["reply_rewards"] = state["reply_rewards"]
         outputs["emotion_group"] = ekman_group(outputs["emotion"])
         return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
 
@@ -160,8 +202,56 @@ class TraceProgram(dspy.Module):
 
     def _call(self, stage: str, state: dict):
         predictor = getattr(self, stage)
+        inputs = {name: state[name] for name in predictor.signature.input_fields}
         with self._stage_context(stage):
-            return predictor(**{name: state[name] for name in predictor.signature.input_fields})
+            if stage == "generate_response" and self.config.best_of > 1:
+                result, rewards = self._best_reply(predictor, inputs, state)
+                state["reply_rewards"] = rewards
+                return result
+            return predictor(**inputs)
+
+    def reply_reward(self, inputs: dict, pred) -> float:
+        """The reference-free metric score of a reply candidate: no gold reply, no LM call.
+
+        Uses ``self.reward_fn`` when set (tests, custom rewards), else the
+        default EmpathyMetric's learned empathy, strategy fit, relevance and rules.
+        """
+        if self.reward_fn is not None:
+            return float(self.reward_fn(inputs, pred))
+        if self._reward_metric is None:
+            from trace_dspy.optimize.metric import EmpathyMetric
+
+            self._reward_metric = EmpathyMetric()
+        candidate = dspy.Prediction(response=pred.response, strategy=inputs.get("strategy"),
+                                    secondary_strategy=inputs.get("secondary_strategy"),
+                                    exemplars=inputs.get("exemplars") or [])
+        return self._reward_metric.evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
+
+    def _best_reply(self, predictor, inputs: dict, state: dict):
+        """The first reply as configured; below the threshold, ``dspy.BestOfN`` samples the rest.
+
+        Returns the kept prediction and the reward of every candidate, in order.
+        """
+        threshold = self.config.best_of_threshold
+        first = predictor(**inputs)
+        rewards = [self.reply_reward(inputs, first)]
+        if rewards[0] >= threshold:
+            return first, rewards
+        trace = dspy.settings.trace
+        mark = len(trace) if trace is not None else 0
+        def reward(args, pred):
+            value = self.reply_reward(args, pred)
+            rewards.append(value)
+            return value
+
+        sampled = dspy.BestOfN(module=predictor, N=self.config.best_of - 1, threshold=threshold,
+                               reward_fn=reward)(**inputs)
+        if trace is not None:
+            # BestOfN records its copy of the predictor; name the original so optimizers find the demo.
+            trace[mark:] = [(predictor, a, o) for _, a, o in trace[mark:]]
+        if sampled is None or len(rewards) == 1:  # every sampled attempt failed: keep the first reply
+            return first, rewards
+        return (sampled, rewards) if max(rewards[1:]) > rewards[0] else (first, rewards)
 
     def _reflect(self, pipeline: list[str], state: dict, outputs: dict) -> list[dict]:
         """Audit, then redo the earliest faulty stage and everything after it; bounded rounds."""

@@ -213,13 +213,22 @@ def main(argv: list[str] | None = None) -> int:
         raw = getattr(sys.stdin, "buffer", None)
         message = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
     message = message.replace("\\n", "\n")
+    from trace_dspy.cli import TerminalStatus, stage_status_callback, warm_up_with_status
+
+    status = TerminalStatus()
     try:
-        with dspy.context(lm=default_lm):
+        if status.enabled:
+            warm_up_with_status(default_lm, status)
+        callbacks = [stage_status_callback(program, status)] if status.enabled else []
+        with dspy.context(lm=default_lm, callbacks=[*dspy.settings.callbacks, *callbacks]):
             pred = program(dialogue=message)
     except DialogueError as exc:
+        status.clear()
         return fail(str(exc))
     except Exception as exc:
+        status.clear()
         return fail(f"the model call failed: {type(exc).__name__}: {exc}", code=1)
+    status.clear()
     if args.json:
         print(json.dumps(pred.toDict(), ensure_ascii=False, indent=2))
     elif args.show_stages:
