@@ -109,6 +109,15 @@ def test_config_switch_is_checked():
     assert "emotion_candidates" not in off.recognize_emotion.signature.input_fields
 
 
+def test_the_candidates_field_exists_only_while_a_prior_is_attached(prior):
+    program = TraceProgram(ProgramConfig())
+    assert "emotion_candidates" not in program.recognize_emotion.signature.input_fields  # the prompt as before
+    program.emotion_prior = prior
+    assert "emotion_candidates" in program.recognize_emotion.signature.input_fields
+    program.emotion_prior = None
+    assert "emotion_candidates" not in program.recognize_emotion.signature.input_fields
+
+
 def _program_with(prior, monkeypatch, k=2):
     monkeypatch.setattr(ep, "default_encoder", lambda: fake_encode)
     return TraceProgram(ProgramConfig(prior_k=k), emotion_prior=prior)

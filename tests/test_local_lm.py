@@ -280,3 +280,20 @@ def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     # Greedy calls still start from the fixed point, so their answers never depend on call order.
     lm(messages=ask, temperature=0.0, max_tokens=3)
     assert events in (["restore"], ["reset"])
+
+
+@pytest.mark.slow
+def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
+    """Even candidates that contradict the message bind the embedded model: the grammar allows nothing else."""
+    from trace_dspy.config import ProgramConfig
+
+    program = TraceProgram(ProgramConfig(prior_k=2))
+    seen = set()
+    with dspy.context(lm=smol):
+        for candidates in ("proud (60%), grateful (30%)", "jealous (51%), nostalgic (12%)"):
+            for message in ("Speaker: My dog died yesterday.", "Speaker: I got the job!!"):
+                state = {"dialogue": message, "emotion_candidates": candidates}
+                label = program._call("recognize_emotion", state).emotion
+                assert label in candidates
+                seen.add(label)
+    assert len(seen) >= 2

@@ -211,11 +211,16 @@ def read_program_state(folder: Path) -> dict[str, Any]:
     return _read_json_object(folder, "program.json", "program.json is missing")
 
 
-def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where: str = "program.json"):
-    """Rebuild a TraceProgram and load a state into it, checking the structure."""
+def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where: str = "program.json",
+                  emotion_prior=None):
+    """Rebuild a TraceProgram and load a state into it, checking the structure.
+
+    The prior is attached first: it decides whether the emotion stage has its
+    candidates field, as it did when the state was saved.
+    """
     from trace_dspy.program import TraceProgram
 
-    program = TraceProgram(config)
+    program = TraceProgram(config, emotion_prior=emotion_prior)
     if state is None:
         return program
     expected = sorted(name for name, _ in program.named_predictors())
@@ -259,7 +264,8 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
     except (ConfigError, AttributeError, TypeError) as exc:
         raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
-    program = build_program(config, state, where=str(folder / "program.json"))
+    program = build_program(config, state, where=str(folder / "program.json"),
+                            emotion_prior=_load_prior(folder, manifest, config))
     if config.retrieval.enabled and (folder / "index").is_dir():
         from trace_dspy.retrieval import ExemplarIndex
 
@@ -269,7 +275,6 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
             raise ArtifactError(str(exc)) from None
     elif config.retrieval.enabled and manifest.get("retrieval", {}).get("index"):
         raise ArtifactError(f"{folder}: the retrieval index (index/) is missing")
-    program.emotion_prior = _load_prior(folder, manifest, config)
     lms = LMSet(lm_config or recorded_lm)
     if attach_lms:
         program.set_stage_lms(lms.stage_lms())

@@ -79,8 +79,6 @@ class TraceProgram(dspy.Module):
         self.config = config or ProgramConfig()
         # An ExemplarIndex (trace_dspy.retrieval); used when exemplars are not passed in.
         self.retriever = retriever
-        # An EmotionPrior (trace_dspy.core.emotion_prior); offers recognize_emotion its top-k labels.
-        self.emotion_prior = emotion_prior
         self._prior_encoder = None
         # Best-of-N reply reward: None = the default metric's reference-free score.
         self.reward_fn = None
@@ -88,8 +86,30 @@ class TraceProgram(dspy.Module):
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
+        # An EmotionPrior (trace_dspy.core.emotion_prior); offers recognize_emotion its top-k labels.
+        self.emotion_prior = emotion_prior
         self._stage_lms: dict[str, dspy.LM] = {}
         self.set_stage_lms(stage_lms or {})
+
+    @property
+    def emotion_prior(self):
+        return self._emotion_prior
+
+    @emotion_prior.setter
+    def emotion_prior(self, prior) -> None:
+        """Attach (or drop) the prior; the emotion stage has the candidates field only while one is attached,
+        so a program without a prior sends the prompt it always did."""
+        self._emotion_prior = prior
+        predictor = getattr(self, "recognize_emotion", None)
+        if predictor is None:
+            return
+        want = self.config.prior_k > 0 and prior is not None
+        has = "emotion_candidates" in predictor.signature.input_fields
+        if want and not has:
+            predictor.signature = predictor.signature.append(
+                "emotion_candidates", dspy.InputField(desc=_CANDIDATES_DESC), type_=str)
+        elif has and not want:
+            predictor.signature = predictor.signature.delete("emotion_candidates")
 
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
         unknown = set(stage_lms) - set(STAGES)
@@ -120,7 +140,7 @@ class TraceProgram(dspy.Module):
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
-        for shared in (*self._stage_lms.values(), self.retriever, self.emotion_prior, self._prior_encoder,
+        for shared in (*self._stage_lms.values(), self.retriever, self._emotion_prior, self._prior_encoder,
                        self._reward_metric, self.reward_fn):
             if shared is not None:
                 memo[id(shared)] = shared
@@ -173,6 +193,8 @@ class TraceProgram(dspy.Module):
                        "revision_note": ""}
         outputs: dict = {}
         state["emotion_candidates"], outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
+        if state["emotion_candidates"]:
+            outputs["emotion_candidates"] = state["emotion_candidates"]
         retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
         pipeline = [s for s in self.config.pipeline() if s != "reflect"]
         self._run_stages(pipeline, state, outputs, retrieve)

@@ -31,7 +31,7 @@ from trace_dspy.dialogue import DialogueError
 from trace_dspy.jsonl import AppendWriter, atomic_write_lines, read_records
 
 STAGE_FIELDS = (
-    "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
+    "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
     "strategy", "secondary_strategy",
 )
 
