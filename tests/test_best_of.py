@@ -70,3 +70,12 @@ def test_the_default_reward_prefers_an_answer_to_a_parrot():
     answer = program.reply_reward(inputs, dspy.Prediction(
         response="I am so sorry about your dog. How are you coping with losing him?"))
     assert parrot == 0.0 and answer > 0.2
+
+
+def test_the_default_reward_zeroes_a_pasted_demo_reply():
+    program = TraceProgram(ProgramConfig(best_of=2))
+    inputs = {"dialogue": DIALOGUE, "strategy": "ER", "secondary_strategy": "EX", "exemplars": []}
+    demo = "I am so sorry about your dog. How are you coping with losing him?"
+    assert program.reply_reward(inputs, dspy.Prediction(response=demo)) > 0.2
+    program.generate_response.demos = [dspy.Example(dialogue="Speaker: My cat died.", response=demo)]
+    assert program.reply_reward(inputs, dspy.Prediction(response=demo)) == 0.0

@@ -100,7 +100,7 @@ def test_candidate_list_format_is_what_the_grammar_reads():
 
 
 def test_config_switch_is_checked():
-    assert ProgramConfig().prior_k == 3
+    assert ProgramConfig().prior_k == 5
     with pytest.raises(ConfigError, match="prior_k"):
         ProgramConfig(prior_k=9)
     with pytest.raises(ConfigError, match="prior_k"):

@@ -54,6 +54,7 @@ def test_wheel_maps_both_folders_under_trace_dspy(tmp_path):
     assert "trace_dspy/seed/seed_dialogues.jsonl" in names
     assert "trace_dspy/optimize/empathy_head.npz" in names  # the learned scorer's weights ship
     assert "trace_dspy/optimize/relevance_head.npz" in names  # and the relevance head's
+    assert "trace_dspy/core/emotion_prior.npz" in names  # and the shipped emotion prior
     assert not any(n.startswith(("signatures/", "optimize/", "tests/")) for n in names)
 
     site = tmp_path / "site"

@@ -365,20 +365,21 @@ def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announ
 def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
     """The emotion prior fitted on the training pool of ``data`` (cached by fingerprint), or None.
 
-    None, with a note on stderr, when the prior is off, the pool is too small
-    (the seed set) or the ``embed`` extra is missing; the emotion stage then
-    decides alone, and its ``emotion_path`` output says so.
+    A pool too small to fit one (the seed set) gets the prior that ships in
+    the package (fitted on the ED pool). None, with a note on stderr, when the
+    prior is off or cannot be fitted (no ``embed`` extra); the emotion stage
+    then decides alone, and its ``emotion_path`` output says so.
     """
     if config.prior_k == 0:
         return None
     import sys
 
-    from trace_dspy.core.emotion_prior import MIN_TRAIN, PriorError, cached_prior, cached_prior_path
+    from trace_dspy.core.emotion_prior import MIN_TRAIN, PriorError, cached_prior, cached_prior_path, shipped_prior
     from trace_dspy.data import DataSource, resolve_source
 
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=False)
     if len(source.pool) < MIN_TRAIN:
-        return None
+        return shipped_prior()
     if not cached_prior_path(source, seed=seed).is_file():
         print(f"emotion prior: fitting on the {len(source.pool)}-sample pool (once per data set, then cached)",
               file=sys.stderr)

@@ -266,10 +266,15 @@ def _fit_prior(cfg: CompileConfig, source):
     """Fit the emotion prior on the training side of the pool; (None, why) when it cannot be."""
     if cfg.settings.program.prior_k == 0:
         return None, {"file": None, "reason": "prior_k = 0"}
-    from trace_dspy.core.emotion_prior import FILE_NAME, MIN_TRAIN, PriorError, cached_prior
+    from trace_dspy.core.emotion_prior import FILE_NAME, MIN_TRAIN, PriorError, cached_prior, shipped_prior
 
     if len(source.pool) < MIN_TRAIN:
         reason = f"the pool has {len(source.pool)} samples, fewer than the {MIN_TRAIN} a prior needs"
+        shipped = shipped_prior()
+        if shipped is not None:
+            _log(f"emotion prior: {reason}; using the shipped one (fitted on the ED pool, "
+                 f"dev accuracy {shipped.meta['dev_accuracy']:.3f})")
+            return shipped, {"file": FILE_NAME, "source": "shipped", **shipped.describe()}
         _log(f"emotion prior: not fitted ({reason}); the LM decides the emotion alone")
         return None, {"file": None, "reason": reason}
     _log(f"emotion prior: fitting on the training side of {len(source.pool)} pool samples")
@@ -280,7 +285,7 @@ def _fit_prior(cfg: CompileConfig, source):
         return None, {"file": None, "reason": str(exc)}
     _log(f"emotion prior: dev accuracy {prior.meta['dev_accuracy']:.3f} (group {prior.meta['dev_group_accuracy']:.3f}) "
          f"in {prior.meta['fit_seconds']:.0f} s")
-    return prior, {"file": FILE_NAME, **prior.describe()}
+    return prior, {"file": FILE_NAME, "source": "fitted", **prior.describe()}
 
 
 def _scalars(summary: dict[str, Any]) -> dict[str, Any]:

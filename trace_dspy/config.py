@@ -73,7 +73,7 @@ class ProgramConfig:
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
     reply_format: str = "auto"
-    prior_k: int = 3
+    prior_k: int = 5
     best_of: int = 1
     best_of_threshold: float = 0.6
     retrieval: Any = None  # RetrievalConfig; a dict is accepted

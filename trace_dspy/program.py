@@ -82,7 +82,7 @@ class TraceProgram(dspy.Module):
         self._prior_encoder = None
         # Best-of-N reply reward: None = the default metric's reference-free score.
         self.reward_fn = None
-        self._reward_metric = None
+        self._reward_metric = None  # (the demo replies it guards against, the metric)
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
@@ -141,7 +141,7 @@ class TraceProgram(dspy.Module):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
         for shared in (*self._stage_lms.values(), self.retriever, self._emotion_prior, self._prior_encoder,
-                       self._reward_metric, self.reward_fn):
+                       self.reward_fn):
             if shared is not None:
                 memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
@@ -240,14 +240,16 @@ class TraceProgram(dspy.Module):
         """
         if self.reward_fn is not None:
             return float(self.reward_fn(inputs, pred))
-        if self._reward_metric is None:
+        # The writer's demo replies are copy sources: a candidate that pastes one scores 0.
+        demos = tuple(str(d["response"]) for d in self.generate_response.demos if d.get("response"))
+        if self._reward_metric is None or self._reward_metric[0] != demos:
             from trace_dspy.optimize.metric import EmpathyMetric
 
-            self._reward_metric = EmpathyMetric()
+            self._reward_metric = (demos, EmpathyMetric(copy_sources=demos))
         candidate = dspy.Prediction(response=pred.response, strategy=inputs.get("strategy"),
                                     secondary_strategy=inputs.get("secondary_strategy"),
                                     exemplars=inputs.get("exemplars") or [])
-        return self._reward_metric.evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
+        return self._reward_metric[1].evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
 
     def _best_reply(self, predictor, inputs: dict, state: dict):
         """The first reply as configured; below the threshold, ``dspy.BestOfN`` samples the rest.
@@ -261,6 +263,7 @@ class TraceProgram(dspy.Module):
             return first, rewards
         trace = dspy.settings.trace
         mark = len(trace) if trace is not None else 0
+
         def reward(args, pred):
             value = self.reply_reward(args, pred)
             rewards.append(value)

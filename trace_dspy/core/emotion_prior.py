@@ -48,7 +48,6 @@ ITERATIONS = 400
 
 Encoder = Callable[[list[str]], np.ndarray]
 _WORD = re.compile(r"[a-z']+")
-_CANDIDATE = re.compile(r"([a-z]+) \((\d+)%\)")
 
 
 class PriorError(ValueError):
@@ -62,11 +61,6 @@ def words(text: str) -> list[str]:
 def format_candidates(candidates: Sequence[tuple[str, float]]) -> str:
     """``sad (41%), lonely (22%)``: the field value the stage reads."""
     return ", ".join(f"{label} ({round(100 * p)}%)" for label, p in candidates)
-
-
-def parse_candidates(text: str) -> list[str]:
-    """The labels of a :func:`format_candidates` string, in order (unknown words dropped)."""
-    return [m.group(1) for m in _CANDIDATE.finditer(text or "") if m.group(1) in EMOTIONS]
 
 
 @dataclass
@@ -224,6 +218,17 @@ def fit_from_source(source, *, seed: int = 0, dev_fraction: float = 0.2, encode:
                      data_fingerprint=source.fingerprint)
 
 
+# The prior that ships in the package: fitted on the ED valid pool's training side (seed 0) by
+#     python -m trace_dspy.core.emotion_prior --data ../shared/data/empathetic_dialogues
+# It stands in where the data cannot carry a prior of their own (the seed set has a few dozen samples).
+SHIPPED = Path(__file__).with_name(FILE_NAME)
+
+
+def shipped_prior() -> EmotionPrior | None:
+    """The packaged prior, or None when the package was built without it."""
+    return EmotionPrior.load(SHIPPED) if SHIPPED.is_file() else None
+
+
 MISSING_EMBED = 'the emotion prior needs the "embed" extra (pip install -e ".[embed]")'
 
 
@@ -260,5 +265,33 @@ def cached_prior(source, *, seed: int = 0, dev_fraction: float = 0.2) -> Emotion
     return prior
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Refit the shipped prior (or write one elsewhere) from an ED folder's pool."""
+    import argparse
+    import sys
+
+    from trace_dspy.data import DataError, resolve_source
+
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.core.emotion_prior",
+                                     description="fit the emotion prior on a data source's pool (never its test split)")
+    parser.add_argument("--data", required=True, help="an ED folder (valid.csv, test.csv) or another data source")
+    parser.add_argument("--seed", type=int, default=0, help="the train/dev split seed (default 0)")
+    parser.add_argument("--output", type=Path, default=SHIPPED, help=f"where to write it (default {SHIPPED})")
+    args = parser.parse_args(argv)
+    try:
+        source = resolve_source(args.data, seed=args.seed)
+        prior = fit_from_source(source, seed=args.seed)
+    except (DataError, PriorError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    prior.save(args.output)
+    print(json.dumps({"output": str(args.output), **prior.describe()}, indent=2))
+    return 0
+
+
 __all__ = ["EmotionPrior", "FILE_NAME", "PriorError", "cached_prior", "fit_from_source", "fit_prior",
-           "format_candidates", "parse_candidates"]
+           "format_candidates", "shipped_prior"]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
