@@ -79,3 +79,13 @@ def test_the_default_reward_zeroes_a_pasted_demo_reply():
     assert program.reply_reward(inputs, dspy.Prediction(response=demo)) > 0.2
     program.generate_response.demos = [dspy.Example(dialogue="Speaker: My cat died.", response=demo)]
     assert program.reply_reward(inputs, dspy.Prediction(response=demo)) == 0.0
+
+
+def test_auto_draws_candidates_only_for_a_constrained_small_model():
+    from trace_dspy.lms import GrammarLM
+
+    program = TraceProgram(ProgramConfig())
+    assert program.config.best_of == "auto"
+    assert program.best_of(fake_lm()[0]) == 1
+    assert program.best_of(GrammarLM("openai/local", api_base="http://127.0.0.1:9/v1", api_key="x")) == 4
+    assert TraceProgram(ProgramConfig(best_of=2)).best_of(fake_lm()[0]) == 2

@@ -137,6 +137,14 @@ class TraceProgram(dspy.Module):
             return "chat" if lm is not None and is_constrained(lm) else "fields"
         return choice
 
+    def best_of(self, lm=None) -> int:
+        """Reply candidates for ``lm`` (``auto`` resolved: several for a constrained small model)."""
+        if self.config.best_of == "auto":
+            from trace_dspy.config import AUTO_BEST_OF
+
+            return AUTO_BEST_OF if lm is not None and is_constrained(lm) else 1
+        return self.config.best_of
+
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
@@ -226,7 +234,7 @@ class TraceProgram(dspy.Module):
         predictor = getattr(self, stage)
         inputs = {name: state[name] for name in predictor.signature.input_fields}
         with self._stage_context(stage):
-            if stage == "generate_response" and self.config.best_of > 1:
+            if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
                 result, rewards = self._best_reply(predictor, inputs, state)
                 state["reply_rewards"] = rewards
                 return result
@@ -269,7 +277,7 @@ class TraceProgram(dspy.Module):
             rewards.append(value)
             return value
 
-        sampled = dspy.BestOfN(module=predictor, N=self.config.best_of - 1, threshold=threshold,
+        sampled = dspy.BestOfN(module=predictor, N=self.best_of(dspy.settings.lm) - 1, threshold=threshold,
                                reward_fn=reward)(**inputs)
         if trace is not None:
             # BestOfN records its copy of the predictor; name the original so optimizers find the demo.
