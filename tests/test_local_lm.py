@@ -133,7 +133,7 @@ def test_program_runs_on_the_embedded_model(smol):
     engine = smol.engine
     before = engine.stats.calls
     with dspy.context(lm=smol, track_usage=True):
-        pred = TraceProgram()(dialogue=DIALOGUE)
+        pred = TraceProgram(ProgramConfig(best_of=1))(dialogue=DIALOGUE)  # one call per stage
     assert engine.stats.calls - before == 4
     assert pred.emotion in EMOTIONS and pred.cause_category in CAUSE_CATEGORIES
     assert pred.strategy in STRATEGIES and pred.secondary_strategy in STRATEGIES
@@ -148,7 +148,8 @@ def test_program_runs_on_the_embedded_model(smol):
 def test_deterministic_thread_safe_and_loaded_once(smol):
     from trace_dspy.local_lm import local_lm
 
-    program = TraceProgram(ProgramConfig(reasoning=()))
+    # Greedy only: sampled Best-of-N candidates differ on purpose when a prompt repeats.
+    program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))
     dialogues = [DIALOGUE, "I finally finished my first marathon in Chicago!", "My best friend moved to Peru."]
     with dspy.context(lm=smol):
         sequential = [program(dialogue=d).toDict() for d in dialogues]
@@ -179,7 +180,7 @@ def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
     from trace_dspy.local_lm import local_lm
 
     lm = local_lm(cache=False, prefix_cache=prefix_cache)
-    program = TraceProgram(ProgramConfig(reasoning=()))
+    program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))  # greedy, as above
     dialogues = ["I lost my wallet on the bus.", "My niece was born this morning!"]
     with dspy.context(lm=lm):
         forward = [program(dialogue=d).response for d in dialogues]
@@ -211,7 +212,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
 
     fast = local_lm(cache=False, fast_greedy=True, loop_guard=False)  # the guard changes answers on purpose
     slow = local_lm(cache=False, fast_greedy=False)
-    program = TraceProgram()
+    program = TraceProgram(ProgramConfig(best_of=1))  # greedy calls only: the fast path is for greedy decoding
     dialogues = [DIALOGUE, "I lost my wallet on the bus."]
     with dspy.context(lm=slow):
         expected = [program(dialogue=d).toDict() for d in dialogues]
@@ -229,7 +230,7 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
     from trace_dspy.local_lm import local_lm, repeated_tail
 
     dialogue = "Speaker: My roommate keeps eating my food."
-    program = TraceProgram()
+    program = TraceProgram(ProgramConfig(best_of=1))
     plain, guarded = local_lm(cache=False, loop_guard=False), local_lm(cache=False)
     with dspy.context(lm=plain):
         looping = program(dialogue=dialogue)
@@ -287,7 +288,9 @@ def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
     """Even candidates that contradict the message bind the embedded model: the grammar allows nothing else."""
     from trace_dspy.config import ProgramConfig
 
-    program = TraceProgram(ProgramConfig(prior_k=2))
+    from trace_dspy.core.emotion_prior import shipped_prior
+
+    program = TraceProgram(ProgramConfig(prior_k=2), emotion_prior=shipped_prior())  # the field exists with a prior
     seen = set()
     with dspy.context(lm=smol):
         for candidates in ("proud (60%), grateful (30%)", "jealous (51%), nostalgic (12%)"):

@@ -37,7 +37,8 @@ from trace_dspy.respond import respond_batch
 from trace_dspy.testing import FAULTS, FaultyEngine, ScriptedEngine, fake_lm, faulty_lm
 
 TRANSPORT = {"timeout": 0.1, "server_error": 0.1, "rate_limit": 0.1}  # 30% retryable faults
-FAST_METRIC = '[metric]\nsimilarity_kind = "token_f1"\n'  # no sentence-embedding model to load
+# No sentence-embedding model to load: token-F1 similarity, and no emotion prior (its faults are not these).
+FAST_METRIC = '[metric]\nsimilarity_kind = "token_f1"\n[program]\nprior_k = 0\n'
 
 
 def echo(outputs, inputs):

@@ -37,8 +37,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "with_reflection": {"reflection": True},
     "fields_reply": {"reply_format": "fields"},  # the reply stage in the field layout (the default before "auto")
     "no_prior": {"prior_k": 0},  # the emotion stage without the fitted prior's candidates
+    "best_of_1": {"best_of": 1},  # one reply (the default before best_of = "auto")
     "best_of_2": {"best_of": 2},  # up to 2 reply candidates, the best by the reference-free metric
-    "best_of_4": {"best_of": 4},
+    "best_of_4": {"best_of": 4},  # what "auto" gives the embedded model
 }
 TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotion", "empathy_learned", "level_ER",
               "level_IP", "level_EX", "strategy_fit", "relevance", "grounded", "rules", "similarity", "judge",
@@ -237,6 +238,10 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
         except FailureRateExceeded as exc:
             return fail(f"{name}: {exc}", code=1)
     full = [r.get("score", 0.0) for r in results["full"].rows]
+
+    def component(rows, name):  # failed rows and missing parts count 0, as in the composite
+        return [0.0 if "error" in r else float((r.get("components") or {}).get(name) or 0.0) for r in rows]
+
     lines = ["| variant | empathy | diff vs full [95% CI] | learned empathy | strategy fit | relevance | emotion_acc | "
              "similarity | rules | Dist-2 | collapsed | failed | replies written | s/dialogue |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
@@ -245,8 +250,12 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
         scores = [r.get("score", 0.0) for r in result.rows]
         diff, low, high = paired_bootstrap_ci(scores, full, seed=args.seed)
         summ = result.summary
+        paired = {part: list(paired_bootstrap_ci(component(result.rows, part), component(results["full"].rows, part),
+                                                 seed=args.seed))
+                  for part in ("empathy", "strategy_fit", "relevance", "emotion")}
         table[name] = {**{k: v for k, v in summ.items() if k != "distributions"},
-                       "diff_vs_full": diff, "ci_low": low, "ci_high": high}
+                       "diff_vs_full": diff, "ci_low": low, "ci_high": high,
+                       "paired_components_vs_full": paired}
         ci = "-" if name == "full" else f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]"
         cells = [f"{summ[k]:.4f}" if isinstance(summ.get(k), float) else "-"
                  for k in ("empathy_learned", "strategy_fit", "relevance", "emotion_acc", "similarity", "rules")]
