@@ -689,7 +689,7 @@ def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 
     import random
 
     from trace_dspy.config import ProgramConfig
-    from trace_dspy.core.emotion_prior import accuracy, cached_prior, default_encoder
+    from trace_dspy.core.emotion_prior import accuracy, cached_prior, default_encoder, format_candidates
     from trace_dspy.data import partition_by_conversation, select_view
     from trace_dspy.dialogue import speaker_text
     from trace_dspy.labels import ekman_group
@@ -728,13 +728,13 @@ def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 
         start = time.perf_counter()
         for n, sample in enumerate(items, 1):
             state = {"dialogue": sample.dialogue}
+            allowed = prior.candidates(sample.dialogue, k, encode) if k else []
             if k:
-                state["emotion_candidates"] = program.emotion_candidates(sample.dialogue)[0]
+                state["emotion_candidates"] = format_candidates(allowed)
             label = program._call("recognize_emotion", state).emotion
             right += label == sample.emotion
             group_right += ekman_group(label) == ekman_group(sample.emotion)
-            if k:
-                outside += label not in {c for c, _ in prior.candidates(sample.dialogue, k, encode)}
+            outside += bool(allowed) and label not in {c for c, _ in allowed}
             if on_item:
                 on_item(k, n, len(items))
         result["stage"].append({"k": k, "accuracy": right / len(items), "group_accuracy": group_right / len(items),
@@ -861,7 +861,8 @@ def main(argv: list[str] | None = None) -> int:
             from trace_dspy.lms import LMSet
 
             source = resolve_source(settings.data_source(args.data), seed=args.seed)
-            lm = LMSet(settings.lm).stage_lms().get("recognize_emotion") or LMSet(settings.lm).default
+            lms = LMSet(settings.lm)
+            lm = lms.stage_lms().get("recognize_emotion") or lms.default
             with progress(desc="emotion stage", total=args.limit * len(args.k)) as bar:
                 result = measure_emotion(source, lm, limit=args.limit, ks=args.k, seed=args.seed,
                                          on_item=lambda *_: bar.update(1))

@@ -235,7 +235,7 @@ class TraceProgram(dspy.Module):
         inputs = {name: state[name] for name in predictor.signature.input_fields}
         with self._stage_context(stage):
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
-                result, rewards = self._best_reply(predictor, inputs, state)
+                result, rewards = self._best_reply(predictor, inputs)
                 state["reply_rewards"] = rewards
                 return result
             return predictor(**inputs)
@@ -259,7 +259,7 @@ class TraceProgram(dspy.Module):
                                     exemplars=inputs.get("exemplars") or [])
         return self._reward_metric[1].evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
 
-    def _best_reply(self, predictor, inputs: dict, state: dict):
+    def _best_reply(self, predictor, inputs: dict):
         """The first reply as configured; below the threshold, ``dspy.BestOfN`` samples the rest.
 
         Returns the kept prediction and the reward of every candidate, in order.
