@@ -11,9 +11,11 @@ test can interrupt it.
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 import time
+from pathlib import Path
 
 from trace_dspy import lms
 from trace_dspy.testing import fake_lm
@@ -26,6 +28,9 @@ def responder(outputs, inputs):
         raise RuntimeError("backend exploded")
     if "response" in outputs:
         if "slow" in last:
+            marker = os.environ.get("TRACE_FAKE_SLOW_MARKER")
+            if marker:  # tells a test that the model call is under way
+                Path(marker).write_text("sleeping")
             time.sleep(120)
         return {"response": "heard: " + last.split(": ", 1)[-1]}
     return {}

@@ -60,16 +60,21 @@ def _write(path, lines):
 def test_batch_records_failures_and_keeps_the_rest(tmp_path, fake_models, capsys):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     _write(src, [{"id": "a", "turns": ["I lost my keys."]}, "{broken", {"id": "c", "dialogue": "Speaker: x\nListener: y"},
-                 {"id": "d", "turns": ["My cat came home!"]}, {"id": "a", "turns": ["dup"]}])
+                 {"id": "d", "turns": ["My cat came home!"]}, {"id": "e", "turns": 7}])
     assert main(["--input", str(src), "--output", str(out)]) == 1
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["id"] for r in records] == ["a", "line-2", "c", "d", "line-5"]
+    assert [r["id"] for r in records] == ["a", "line-2", "c", "d", "e"]
     assert records[0]["response"] == "heard: Speaker: I lost my keys." and records[0]["stages"]["emotion"] == "sad"
     assert "in.jsonl:2: invalid JSON" in records[1]["error"]
     assert "last turn" in records[2]["error"]
     assert records[3]["response"].endswith("My cat came home!")
-    assert "duplicate id" in records[4]["error"]
+    assert "string or a list" in records[4]["error"]
     assert "2 answered now" in capsys.readouterr().err
+    # A repeated id would let one answer overwrite another on resume: the whole batch is refused
+    # before any model call (tests/test_trust.py covers generated ids too).
+    _write(src, [{"id": "a", "turns": ["one"]}, {"id": "a", "turns": ["two"]}])
+    assert main(["--input", str(src), "--output", str(tmp_path / "other.jsonl")]) == 2
+    assert "repeated: 'a' (lines 1 and 2)" in capsys.readouterr().err and not (tmp_path / "other.jsonl").exists()
 
 
 def test_batch_resumes_after_a_torn_write(tmp_path):

@@ -40,7 +40,26 @@ REQUIRED_MANIFEST_KEYS = ("schema_version", "name", "version", "created", "confi
 
 
 class ArtifactError(ValueError):
-    """An artifact reference cannot be resolved, or its files are damaged."""
+    """An artifact reference cannot be resolved, or its files are damaged.
+
+    ``ArtifactError(message)``, or ``ArtifactError(file, field, reason)`` when
+    one field of one file is wrong; then ``file``, ``field`` and ``reason`` are
+    set and the message reads ``file: field: reason``.
+    """
+
+    def __init__(self, file_or_message: Any, field: str | None = None, reason: str | None = None):
+        self.file = str(file_or_message) if reason is not None else None
+        self.field, self.reason = field, reason
+        super().__init__(f"{file_or_message}: {field}: {reason}" if reason is not None else str(file_or_message))
+
+
+# The flag (and keyword) that lets an artifact's recorded endpoint and key variable be used.
+TRUST_FLAG = "--trust-artifact-lm"
+# Bounds on what an artifact's files may hold (far above anything a compile writes).
+MAX_MANIFEST_BYTES = 2 * 1024 * 1024
+MAX_STATE_BYTES = 64 * 1024 * 1024
+MAX_DEMOS = 64
+MAX_TEXT_CHARS = 100_000
 
 
 def artifacts_root(root: str | os.PathLike | None = None) -> Path:
@@ -67,10 +86,12 @@ def check_name(name: str) -> str:
 
 
 def versions(name: str, root: str | os.PathLike | None = None) -> list[int]:
+    """Version numbers under ``root/name``; a symbolic link is not a version (see ``resolve_local``)."""
     folder = artifacts_root(root) / check_name(name)
     if not folder.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in folder.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name)))
+    return sorted(int(m.group(1)) for p in folder.iterdir()
+                  if p.is_dir() and not p.is_symlink() and (m := _VERSION_DIR.match(p.name)))
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
@@ -183,32 +204,110 @@ class LoadedProgram:
                 "name": self.manifest.get("name"), "version": self.manifest.get("version")}
 
 
-def _read_json_object(folder: Path, name: str, missing: str) -> dict[str, Any]:
+def _read_json_object(folder: Path, name: str, missing: str, max_bytes: int) -> dict[str, Any]:
+    from trace_dspy.core.safety import JSONLimitError, load_json
+
     path = folder / name
     if not path.is_file():
         raise ArtifactError(f"{folder}: {missing}")
+    if path.stat().st_size > max_bytes:
+        raise ArtifactError(path, "(file)", f"{path.stat().st_size:,} bytes is more than the {max_bytes:,} allowed")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{path}: damaged or truncated JSON ({exc})") from None
+        data = load_json(path.read_bytes(), str(path), max_bytes=max_bytes)
+    except JSONLimitError as exc:
+        raise ArtifactError(f"{path}: damaged or truncated JSON ({str(exc).removeprefix(f'{path}: ')})") from None
     if not isinstance(data, dict):
         raise ArtifactError(f"{path}: expected a JSON object")
     return data
 
 
+# Manifest fields and the JSON types they must have (required ones first; None = may be null).
+_MANIFEST_SCHEMA: dict[str, tuple[type, ...]] = {
+    "schema_version": (int,), "name": (str,), "version": (int,), "created": (str,), "config": (dict,),
+    "predictors": (list,), "git_commit": (str, type(None)), "packages": (dict,), "optimizer": (dict,),
+    "metric": (dict,), "scores": (dict,), "data": (dict,), "mlflow": (dict,), "command": (str,),
+    "retrieval": (dict,), "emotion_prior": (dict,),
+}
+
+
+def _check_type(path: Path, field_: str, value: Any, types: tuple[type, ...]) -> None:
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        names = " or ".join("null" if t is type(None) else {"dict": "object", "list": "list", "str": "text",
+                                                              "int": "integer"}.get(t.__name__, t.__name__)
+                            for t in types)
+        raise ArtifactError(path, field_, f"expected {names}, found {type(value).__name__}")
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
-    manifest = _read_json_object(folder, "manifest.json", "manifest.json is missing; not an artifact folder")
+    """The manifest, checked against its schema (field by field)."""
+    path = folder / "manifest.json"
+    manifest = _read_json_object(folder, "manifest.json", "manifest.json is missing; not an artifact folder",
+                                 MAX_MANIFEST_BYTES)
     missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in manifest]
     if missing:
-        raise ArtifactError(f"{folder / 'manifest.json'}: missing {', '.join(missing)}")
+        raise ArtifactError(f"{path}: missing {', '.join(missing)}")
+    for key, types in _MANIFEST_SCHEMA.items():
+        if key in manifest:
+            _check_type(path, key, manifest[key], types)
     if manifest["schema_version"] != SCHEMA_VERSION:
-        raise ArtifactError(f"{folder / 'manifest.json'}: schema version {manifest['schema_version']} is not "
+        raise ArtifactError(f"{path}: schema version {manifest['schema_version']} is not "
                             f"supported (this trace-dspy reads {SCHEMA_VERSION})")
+    for i, name in enumerate(manifest["predictors"]):
+        _check_type(path, f"predictors[{i}]", name, (str,))
+    for key in ("program", "lm"):
+        if manifest["config"].get(key) is not None:
+            _check_type(path, f"config.{key}", manifest["config"][key], (dict,))
+    for key, value in (manifest.get("packages") or {}).items():
+        _check_type(path, f"packages.{key}", value, (str,))
+    for table, key in (("retrieval", "index"), ("emotion_prior", "file")):
+        value = (manifest.get(table) or {}).get(key)
+        if value is not None and not isinstance(value, (str, bool)):
+            raise ArtifactError(path, f"{table}.{key}", f"expected text, found {type(value).__name__}")
     return manifest
 
 
 def read_program_state(folder: Path) -> dict[str, Any]:
-    return _read_json_object(folder, "program.json", "program.json is missing")
+    return _read_json_object(folder, "program.json", "program.json is missing", MAX_STATE_BYTES)
+
+
+def _check_demo(where: str, field_: str, demo: Any) -> None:
+    """A demo is an object of text, numbers, booleans, nulls and lists of those."""
+    if not isinstance(demo, dict):
+        raise ArtifactError(where, field_, f"a demo must be an object, found {type(demo).__name__}")
+    for key, value in demo.items():
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if item is not None and not isinstance(item, (str, int, float, bool)):
+                raise ArtifactError(where, f"{field_}.{key}", f"expected text, a number or a list of them, "
+                                                              f"found {type(item).__name__}")
+            if isinstance(item, str) and len(item) > MAX_TEXT_CHARS:
+                raise ArtifactError(where, f"{field_}.{key}", f"{len(item):,} characters is more than the "
+                                                              f"{MAX_TEXT_CHARS:,} allowed")
+
+
+def _check_predictor_state(where: str, pname: str, entry: Any) -> None:
+    if not isinstance(entry, dict) or "demos" not in entry or not isinstance(entry["demos"], list):
+        raise ArtifactError(f"{where}: predictor {pname!r} has no valid state")
+    if len(entry["demos"]) > MAX_DEMOS:
+        raise ArtifactError(where, f"{pname}.demos", f"{len(entry['demos'])} demos is more than the {MAX_DEMOS} allowed")
+    for i, demo in enumerate(entry["demos"]):
+        _check_demo(where, f"{pname}.demos[{i}]", demo)
+    signature = entry.get("signature")
+    if signature is not None:
+        _check_type(Path(where), f"{pname}.signature", signature, (dict,))
+        instructions = signature.get("instructions")
+        if instructions is not None:
+            _check_type(Path(where), f"{pname}.signature.instructions", instructions, (str,))
+            if len(instructions) > MAX_TEXT_CHARS:
+                raise ArtifactError(where, f"{pname}.signature.instructions", "longer than "
+                                                                              f"{MAX_TEXT_CHARS:,} characters")
+        fields_ = signature.get("fields", [])
+        _check_type(Path(where), f"{pname}.signature.fields", fields_, (list,))
+        for i, item in enumerate(fields_):
+            _check_type(Path(where), f"{pname}.signature.fields[{i}]", item, (dict,))
+            for key in ("prefix", "description"):
+                if key in item:
+                    _check_type(Path(where), f"{pname}.signature.fields[{i}].{key}", item[key], (str,))
 
 
 def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where: str = "program.json",
@@ -229,8 +328,7 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where:
         raise ArtifactError(f"{where}: predictors {found} do not match the program's {expected}")
     for pname, predictor in program.named_predictors():
         entry = state[pname]
-        if not isinstance(entry, dict) or "demos" not in entry or not isinstance(entry["demos"], list):
-            raise ArtifactError(f"{where}: predictor {pname!r} has no valid state")
+        _check_predictor_state(where, pname, entry)
         try:
             # LMs come from the manifest's config, never from a state file.
             predictor.load_state({**entry, "lm": None})
@@ -249,8 +347,31 @@ def _warn_on_drift(manifest: dict[str, Any], where: Path) -> None:
                       "Prompts may render differently; recompile if scores change.", stacklevel=3)
 
 
+def check_lm_trust(recorded: LMConfig, manifest_path: Path) -> None:
+    """Refuse an artifact that names an endpoint or a key variable (the user chooses those)."""
+    from trace_dspy.lms import redact_url
+
+    named = []
+    for role, spec in recorded.specs():
+        if spec.api_base:
+            named.append(f"{role} sends requests to {redact_url(spec.api_base)}")
+        if spec.api_key_env:
+            named.append(f"{role} reads its key from ${spec.api_key_env}")
+    if named:
+        raise ArtifactError(manifest_path, "config.lm", (
+            f"the artifact says where to send your requests and which key to use ({'; '.join(named)}). "
+            "trace-dspy takes endpoints and keys only from you: choose the model with --lm, --api-base and "
+            f"--api-key-env (or an [lm] table), or pass {TRUST_FLAG} (trust_lm=True in Python) to use the "
+            "recorded ones if you made this artifact yourself"))
+
+
 def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | None = None,
-                attach_lms: bool = True) -> LoadedProgram:
+                attach_lms: bool = True, trust_lm: bool = False, timeout: float | None = None) -> LoadedProgram:
+    """Load one artifact folder.
+
+    Its recorded LM config is used only when ``lm_config`` is None, and then
+    only if it names no endpoint and no key variable, unless ``trust_lm``.
+    """
     manifest = read_manifest(folder)
     _warn_on_drift(manifest, folder)
     state = read_program_state(folder)
@@ -266,6 +387,10 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
     except (ConfigError, AttributeError, TypeError) as exc:
         raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
+    if lm_config is None and not trust_lm:
+        check_lm_trust(recorded_lm, folder / "manifest.json")
+    if timeout is not None:
+        recorded_lm = recorded_lm.with_timeout(timeout)
     program = build_program(config, state, where=str(folder / "program.json"),
                             emotion_prior=_load_prior(folder, manifest, config))
     if config.retrieval.enabled and (folder / "index").is_dir():
@@ -308,6 +433,12 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
         return path
     if "@" in ref and "/" not in ref:
         name, _, which = ref.partition("@")
+        for base_ in search_roots(root):
+            links = sorted(p for p in (base_ / check_name(name)).glob("v*") if p.is_symlink())
+            if links:
+                raise ArtifactError(links[0], "(folder)", f"is a symbolic link to {os.path.realpath(links[0])}; "
+                                    "versions must be real folders. Remove the link, or load that folder by its "
+                                    "path if you trust it")
         base = next((r for r in search_roots(root) if versions(name, r)), None)
         if base is None:
             raise ArtifactError(f"no versions of {name!r} under {', '.join(map(str, search_roots(root)))}")
@@ -328,7 +459,7 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
 
 
 def load(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
-         tracking_uri: str | None = None, attach_lms: bool = True) -> dspy.Module:
+         tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False) -> dspy.Module:
     """Load a compiled program, ready to call, from any reference.
 
     ``ref``: an artifact folder or program.json; ``NAME@vN``; ``NAME@latest``;
@@ -336,20 +467,27 @@ def load(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike
     ``models:/NAME@ALIAS``; ``runs:/RUN_ID``. The configured LMs from the
     manifest are reattached unless ``lm_config`` replaces them; with
     ``attach_lms=False`` the program uses whatever LM ``dspy.settings`` holds.
+
+    An artifact may say which model it was compiled for, but not where to send
+    requests or which key to read: one whose LM config names an ``api_base``
+    or an ``api_key_env`` is refused (``ArtifactError``) unless you pass
+    ``lm_config`` yourself or ``trust_lm=True``.
     """
     return load_reference(ref, lm_config=lm_config, root=root, tracking_uri=tracking_uri,
-                          attach_lms=attach_lms).program
+                          attach_lms=attach_lms, trust_lm=trust_lm).program
 
 
 def load_reference(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
-                   tracking_uri: str | None = None, attach_lms: bool = True) -> LoadedProgram:
+                   tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False,
+                   timeout: float | None = None) -> LoadedProgram:
     if ref == "champion" or ref.startswith(("models:/", "runs:/")):
         from trace_dspy.registry import fetch_artifact
 
         folder = fetch_artifact(ref, tracking_uri=tracking_uri)
     else:
         folder = resolve_local(ref, root)
-    return load_folder(folder, lm_config=lm_config, ref=ref, attach_lms=attach_lms)
+    return load_folder(folder, lm_config=lm_config, ref=ref, attach_lms=attach_lms, trust_lm=trust_lm,
+                       timeout=timeout)
 
 
 def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announce_seed: bool = True):
@@ -407,4 +545,5 @@ def load_for_run(ref: str, settings, *, tracking_uri: str | None = None, data=No
         program.emotion_prior = default_prior(settings.program, data, seed=seed)
         program.set_stage_lms(lms.stage_lms())
         return LoadedProgram(program, lms, {}, None, "default")
-    return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri)
+    return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri,
+                          trust_lm=settings.trust_artifact_lm, timeout=settings.timeout)

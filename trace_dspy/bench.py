@@ -47,7 +47,7 @@ from typing import Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from trace_dspy.cli import Settings, fail, progress, with_dspy_context
+from trace_dspy.cli import Settings, fail, failure_rate, output_dir, progress, with_dspy_context
 from trace_dspy.jsonl import atomic_write_json
 from trace_dspy.tracking import warn_not_logged
 
@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "embedded":
             continue  # its flags belong to trace_dspy.bench_local
-        p.add_argument("--output-dir", type=Path, help="where tables and JSON go (default runs/bench)")
+        p.add_argument("--output-dir", type=output_dir, help="where tables and JSON go (default runs/bench)")
         p.add_argument("-v", "--verbose", action="store_true")
         add_data_args(p)
         if name in ("quality", "compile", "emotion"):
@@ -617,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dev", type=int, default=16, help="dev examples for the optimizers")
             p.add_argument("--threads", type=int, default=1,
                            help="evaluation threads (default 1, so that seconds per dialogue are not shared)")
-            p.add_argument("--max-failure-rate", type=float, default=0.5)
+            p.add_argument("--max-failure-rate", type=failure_rate, default=0.5)
             p.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run")
         elif name == "overhead":
             p.add_argument("--dialogues", type=int, default=100)

@@ -34,6 +34,7 @@ import dspy
 
 from trace_dspy.cli import add_model_args, fail, settings_from_args, setup_logging
 from trace_dspy.config import ConfigError
+from trace_dspy.core.safety import redact, terminal_safe
 from trace_dspy.dialogue import DialogueError
 from trace_dspy.jsonl import atomic_write_lines
 from trace_dspy.respond import stage_outputs
@@ -127,7 +128,9 @@ class Repl:
                  write: Callable[[str], None] | None = None, interactive: bool = False):
         self.session = session
         self.read = read
-        self.write = write or (lambda text: print(text, flush=True))
+        raw = write or (lambda text: print(text, flush=True))
+        # Model output and echoed input may hold terminal escape sequences: they are shown, never obeyed.
+        self.write = lambda text: raw(terminal_safe(text))
         self.interactive = interactive
 
     def run(self) -> int:
@@ -215,7 +218,7 @@ class Repl:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    text = redact(str(exc)).strip()
     return (text.splitlines() or [""])[0][:300]
 
 

@@ -26,6 +26,10 @@ class Settings:
     # True when the user chose models (flags or an [lm] table): they then win
     # over the models recorded in a loaded artifact.
     lm_explicit: bool = False
+    # --trust-artifact-lm: use an artifact's recorded endpoint and key variable.
+    trust_artifact_lm: bool = False
+    # --timeout: also applied to the LMs a loaded artifact records.
+    timeout: float | None = None
 
     def data_source(self, flag: str | None) -> str | None:
         """--data wins over the [data] table's source."""
@@ -49,6 +53,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--response-lm", metavar="MODEL", help="model for the reply stage")
     group.add_argument("--judge-lm", metavar="MODEL", help="model for the empathy judge")
     group.add_argument("--prompt-lm", metavar="MODEL", help="model that optimizers use to write instructions")
+    group.add_argument("--timeout", type=float, metavar="SECONDS",
+                       help="seconds to wait for one model request before retrying it (default 60; [lm] timeout)")
+    group.add_argument("--trust-artifact-lm", action="store_true",
+                       help="use the endpoint (api_base) and key variable that a loaded artifact records; "
+                            "without it, such an artifact is refused and you name the endpoint yourself")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -65,9 +74,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         analysis_lm=args.analysis_lm, response_lm=args.response_lm,
         judge_lm=args.judge_lm, prompt_lm=args.prompt_lm,
     )
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None:
+        if not timeout > 0:
+            raise ConfigError(f"--timeout must be a positive number of seconds, not {timeout:g}")
+        lm = lm.with_timeout(timeout)
     explicit = "lm" in raw or any(getattr(args, k, None) for k in (
         "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"))
-    return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None), lm_explicit=explicit)
+    return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None), lm_explicit=explicit,
+                    trust_artifact_lm=bool(getattr(args, "trust_artifact_lm", False)), timeout=timeout)
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -111,8 +126,33 @@ def bars_only_on_terminals() -> None:
     tqdm.tqdm = TerminalOnlyTqdm
 
 
+def failure_rate(text: str) -> float:
+    """argparse type for --max-failure-rate: a share from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, not {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1 (0.5 = half the examples), not {text}")
+    return value
+
+
+def output_dir(text: str) -> Path:
+    """argparse type for --output-dir: a folder, or a path where one can be made."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
+    blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise argparse.ArgumentTypeError(f"{text}: {blocking} is a file, so no folder can be made there")
+    return path
+
+
 def fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    """Print one ``error:`` line (credentials masked, control characters escaped); return the exit code."""
+    from trace_dspy.core.safety import redact, terminal_safe
+
+    print(f"error: {terminal_safe(redact(message))}", file=sys.stderr)
     return code
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import dspy
 from dspy.utils.exceptions import DSPyError
 
-from trace_dspy.cli import Settings, add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.cli import Settings, add_model_args, fail, failure_rate, settings_from_args, setup_logging
 from trace_dspy.config import ConfigError
 from trace_dspy.data import DataError, load_splits
 from trace_dspy.evaluate import TABLE_KEYS, add_data_args, add_tracking_args, build_metric
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--artifacts-dir", help="artifact root (default $TRACE_DSPY_ARTIFACTS or ./artifacts)")
     parser.add_argument("--threads", type=int, help="parallel evaluation calls (default 4)")
     parser.add_argument("--registered-model", help="MLflow registered model (default trace-dspy)")
-    parser.add_argument("--max-failure-rate", type=float, help="stop when more dev examples fail (default 0.5)")
+    parser.add_argument("--max-failure-rate", type=failure_rate, help="stop when more dev examples fail (default 0.5)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_data_args(parser)
     add_model_args(parser)

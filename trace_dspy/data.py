@@ -44,6 +44,7 @@ from pathlib import Path
 
 import dspy
 
+from trace_dspy.core.safety import JSONLimitError, load_json
 from trace_dspy.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
 from trace_dspy.labels import EMOTIONS
 
@@ -328,9 +329,9 @@ def read_jsonl(path: str | os.PathLike) -> list[Sample]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{n}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+                obj = load_json(line, f"{path}:{n}")
+            except JSONLimitError as exc:
+                raise DataError(str(exc)) from None
             sample = sample_from_record(obj, where=f"{path}:{n}", default_id=f"{path.stem}:{n}")
             if sample.sample_id in seen:
                 raise DataError(f"{path}:{n}: duplicate id {sample.sample_id!r}")

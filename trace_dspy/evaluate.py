@@ -21,7 +21,8 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.cli import Settings, add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.cli import (Settings, add_model_args, fail, failure_rate, output_dir, settings_from_args,
+                            setup_logging)
 from trace_dspy.config import ConfigError
 from trace_dspy.data import DataError, load_splits, load_test, resolve_source
 from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, format_table
@@ -96,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--view", choices=("trace", "cem"), default="trace", help="test view (default trace)")
     parser.add_argument("--limit", type=int, default=100, help="number of examples, seeded sample (default 100)")
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--max-failure-rate", type=float, default=0.5,
+    parser.add_argument("--max-failure-rate", type=failure_rate, default=0.5,
                         help="stop when more than this share of examples fails (default 0.5)")
-    parser.add_argument("--output-dir", type=Path, help="where rows and summary go (default runs/evaluate/<run key>)")
+    parser.add_argument("--output-dir", type=output_dir, help="where rows and summary go (default runs/evaluate/<run key>)")
     parser.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run of the same command")
     parser.add_argument("--ablation", nargs="?", const=",".join(ABLATIONS), metavar="NAMES",
                         help="evaluate named variants of the program on the same examples, with paired "

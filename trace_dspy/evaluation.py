@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,9 @@ import dspy
 from dspy.utils.usage_tracker import track_usage
 
 from trace_dspy.cli import progress, with_dspy_context
+from trace_dspy.core.safety import redact
 from trace_dspy.jsonl import AppendWriter, read_records
+from trace_dspy.lms import fresh_calls
 from trace_dspy.optimize.metric import COMPONENTS, MECHANISMS, EmpathyMetric, collapse_check, exemplar_replies
 from trace_dspy.optimize.scorers import (
     bleu,
@@ -93,7 +96,7 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
         try:
             pred = program(**example.inputs())
         except Exception as exc:  # a failed example is recorded and counted, never dropped
-            error = f"{type(exc).__name__}: {exc}"[:2000]
+            error = redact(f"{type(exc).__name__}: {exc}")[:2000]
     # Cost of the program call alone (not the metric): wall time and the LM
     # calls that reached a model (cache hits are not counted).
     row.update(seconds=time.perf_counter() - started, **usage_totals(usage))
@@ -112,7 +115,7 @@ def score_row(row: dict[str, Any], metric: EmpathyMetric, example: dspy.Example,
     try:
         scored = metric.evaluate(example, pred)
     except Exception as exc:  # e.g. the judge LM failed
-        row.update(error=f"metric: {type(exc).__name__}: {exc}"[:2000], score=0.0)
+        row.update(error=redact(f"metric: {type(exc).__name__}: {exc}")[:2000], score=0.0)
         return row
     row.update(score=scored.score, components=scored.components, feedback=scored.feedback,
                rules=scored.details.get("rules"), judge=scored.details.get("judge"),
@@ -146,8 +149,13 @@ def evaluate_program(
     done: dict[str, dict] = {}
     if results_path is not None:
         wanted = set(ids)
-        done = {k: v for k, v in read_records(results_path).items()
-                if "error" not in v and k in wanted and "prediction" in v}
+        previous = read_records(results_path, accept=lambda r: "error" in r or "prediction" in r,
+                                what="evaluation rows")
+        done = {k: v for k, v in previous.items() if "error" not in v and k in wanted and "prediction" in v}
+        # Failed rows are asked again past DSPy's cache, which would replay the failed reply.
+        retry = {k for k, v in previous.items() if "error" in v and k in wanted}
+    else:
+        retry = set()
     todo = [e for e, i in zip(examples, ids) if i not in done]
     # Rows kept from an earlier run under another metric are scored again (no LM call for the program).
     signature = metric.signature
@@ -159,10 +167,9 @@ def evaluate_program(
     failures = 0
 
     def task(example):
-        if lm is not None:
-            with dspy.context(lm=lm):
-                return run_one(program, metric, example)
-        return run_one(program, metric, example)
+        with (fresh_calls() if (example.get("sample_id") or example.dialogue) in retry else nullcontext()), \
+                (dspy.context(lm=lm) if lm is not None else nullcontext()):
+            return run_one(program, metric, example)
 
     writer = AppendWriter(results_path) if results_path is not None else None
     try:

@@ -46,6 +46,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         n_out = len(text.split())
         with self.server.lock:
             self.server.requests += 1
+            self.server.authorizations.append(self.headers.get("Authorization", ""))
         self._send(200, {
             "id": f"fake-{self.server.requests}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fake"),
@@ -85,6 +86,7 @@ class _Server(http.server.ThreadingHTTPServer):
     engine: Any
     lock: threading.Lock
     requests: int
+    authorizations: list[str]
 
 
 class FakeChatServer:
@@ -100,6 +102,7 @@ class FakeChatServer:
         self._server.engine = engine or ScriptedEngine()
         self._server.lock = threading.Lock()
         self._server.requests = 0
+        self._server.authorizations = []
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-chat-server", daemon=True)
         self._thread.start()
 
@@ -111,6 +114,11 @@ class FakeChatServer:
     @property
     def requests(self) -> int:
         return self._server.requests
+
+    @property
+    def authorizations(self) -> list[str]:
+        """The Authorization header of every answered request, in order."""
+        return list(self._server.authorizations)
 
     @property
     def engine(self):

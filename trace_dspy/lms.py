@@ -30,6 +30,9 @@ TOML layout::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -58,7 +61,9 @@ class LMSpec:
     temperature: float = 0.0
     max_tokens: int | None = None
     num_retries: int = 3
-    timeout: float = 120.0
+    # Seconds for one request; DSPy retries a timed-out request num_retries times, so a
+    # server that hangs is given up on after about (num_retries + 1) * timeout + backoff.
+    timeout: float = 60.0
     cache: bool = True
     # Send a GBNF grammar for the expected reply layout with each request; only
     # servers built on llama.cpp accept it (python -m llama_cpp.server, llama-server).
@@ -150,6 +155,11 @@ class LMConfig:
             raise ValueError(f"unknown role {role!r}")
         return getattr(self, role) or self.default
 
+    def specs(self) -> list[tuple[str, LMSpec]]:
+        """(role, spec) for every spec this config holds."""
+        out = [("default", self.default), *((f"stages.{k}", v) for k, v in self.stages.items())]
+        return out + [(r, getattr(self, r)) for r in ROLES if getattr(self, r) is not None]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "default": self.default.to_dict(),
@@ -169,6 +179,14 @@ class LMConfig:
         stages = {k: LMSpec.from_dict(v, where=f"lm.stages.{k}") for k, v in (data.get("stages") or {}).items()}
         roles = {r: LMSpec.from_dict(data[r], where=f"lm.{r}") if data.get(r) else None for r in ROLES}
         return cls(default=default, stages=stages, **roles)
+
+    def with_timeout(self, seconds: float) -> LMConfig:
+        """The same config with every spec's request timeout set to ``seconds``."""
+        def set_(spec: LMSpec | None) -> LMSpec | None:
+            return replace(spec, timeout=seconds) if spec is not None else None
+
+        return LMConfig(default=set_(self.default), stages={k: set_(v) for k, v in self.stages.items()},
+                        judge=set_(self.judge), prompt=set_(self.prompt))
 
     def with_overrides(
         self,
@@ -193,7 +211,59 @@ class LMConfig:
         return LMConfig(default=default, stages=stages, judge=judge, prompt=prompt)
 
 
-class GrammarLM(dspy.LM):
+# Set while a failed row is asked again: its LM calls skip DSPy's cache, so that
+# a failed or garbage reply stored by the first attempt is not replayed.
+_FRESH: contextvars.ContextVar[bool] = contextvars.ContextVar("trace_dspy_fresh_calls", default=False)
+
+
+@contextlib.contextmanager
+def fresh_calls():
+    """LM calls made inside (in this thread or task) bypass DSPy's response cache."""
+    token = _FRESH.set(True)
+    try:
+        yield
+    finally:
+        _FRESH.reset(token)
+
+
+def endpoint_rollout(endpoint: str, rollout_id: Any = None) -> int:
+    """A rollout id that folds the endpoint into DSPy's cache key.
+
+    DSPy leaves ``api_base`` out of its cache key, so two servers behind the
+    same model name would share answers. ``rollout_id`` is part of the key and
+    never sent to the server; it carries the endpoint (and any rollout id a
+    caller such as ``dspy.BestOfN`` set).
+    """
+    digest = hashlib.sha256(f"{endpoint}\n{rollout_id!r}".encode()).digest()
+    return int.from_bytes(digest[:6], "big")
+
+
+class TraceLM(dspy.LM):
+    """``dspy.LM`` whose cache key includes the endpoint, and which honours :func:`fresh_calls`."""
+
+    def __init__(self, *args, endpoint: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.endpoint = endpoint
+        # The endpoint's rollout id is a cache key, not a sampling request: no warning at temperature 0.
+        self._warned_zero_temp_rollout = True
+
+    def _call_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = dict(kwargs)
+        if _FRESH.get():
+            kwargs["cache"] = False
+        if self.endpoint:
+            kwargs["rollout_id"] = endpoint_rollout(self.endpoint, kwargs.get("rollout_id",
+                                                                              self.kwargs.get("rollout_id")))
+        return kwargs
+
+    def __call__(self, prompt=None, messages=None, **kwargs):
+        return super().__call__(prompt=prompt, messages=messages, **self._call_kwargs(kwargs))
+
+    async def acall(self, prompt=None, messages=None, **kwargs):
+        return await super().acall(prompt=prompt, messages=messages, **self._call_kwargs(kwargs))
+
+
+class GrammarLM(TraceLM):
     """A ``dspy.LM`` that sends a GBNF grammar for the expected reply layout.
 
     For OpenAI-compatible servers built on llama.cpp, which accept ``grammar``
@@ -250,8 +320,8 @@ def build_lm(spec: LMSpec) -> dspy.LM:
         if not key:
             raise ConfigError(f"api_key_env names {spec.api_key_env}, but that environment variable is not set")
         kwargs["api_key"] = key
-    cls = GrammarLM if spec.server_grammar else dspy.LM
-    return cls(spec.model, **kwargs)
+    cls = GrammarLM if spec.server_grammar else TraceLM
+    return cls(spec.model, endpoint=redact_url(spec.api_base), **kwargs)
 
 
 class LMSet:

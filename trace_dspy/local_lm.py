@@ -751,4 +751,6 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
         name += "" if engine.constrained else "+unconstrained"
         name += "" if engine.prefix_cache else "+noreuse"
         name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
-    return dspy.LM(name, engine=engine, cache=cache)
+    from trace_dspy.lms import TraceLM
+
+    return TraceLM(name, engine=engine, cache=cache)

@@ -25,10 +25,11 @@ def _client(tracking_uri: str | None):
     import mlflow
     from mlflow import MlflowClient
 
-    from trace_dspy.tracking import _quiet_mlflow
+    from trace_dspy.tracking import _quiet_mlflow, init_store
 
     _quiet_mlflow()
     uri = resolve_tracking_uri(tracking_uri)
+    init_store(uri)
     mlflow.set_tracking_uri(uri)
     return MlflowClient(tracking_uri=uri)
 
@@ -38,11 +39,14 @@ def register_version(run_id: str, artifact_uri: str, score: float, *, model: str
     """Create a registry version whose source is the run's artifact folder."""
     from mlflow.exceptions import MlflowException
 
+    from trace_dspy.tracking import store_lock
+
     client = _client(tracking_uri)
-    try:
-        client.get_registered_model(model)
-    except MlflowException:
-        client.create_registered_model(model, description="TRACE programs compiled by trace-dspy (JSON state)")
+    with store_lock(resolve_tracking_uri(tracking_uri)):  # two first compiles must not both create it
+        try:
+            client.get_registered_model(model)
+        except MlflowException:
+            client.create_registered_model(model, description="TRACE programs compiled by trace-dspy (JSON state)")
     version = client.create_model_version(model, source=f"{artifact_uri}/{ARTIFACT_SUBDIR}", run_id=run_id,
                                           tags={SCORE_TAG: repr(float(score)), **(tags or {})})
     return int(version.version)

@@ -27,8 +27,13 @@ import dspy
 
 from trace_dspy.cli import add_model_args, fail, progress, settings_from_args, setup_logging, with_dspy_context
 from trace_dspy.config import ConfigError
+from trace_dspy.core.safety import terminal_safe
 from trace_dspy.dialogue import DialogueError
 from trace_dspy.jsonl import AppendWriter, atomic_write_lines, read_records
+
+# Exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
+C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
 
 STAGE_FIELDS = (
     "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
@@ -73,35 +78,64 @@ class InputLineError(ValueError):
     pass
 
 
+class BatchError(ValueError):
+    """The batch cannot start (its input or output is unusable); nothing was asked or changed."""
+
+
 def read_batch_input(path: Path) -> list[tuple[str, Any, int]]:
-    """(id, dialogue or an InputLineError, line number) for every non-blank line."""
+    """(id, dialogue or an InputLineError, line number) for every non-blank line.
+
+    Ids must be unique, whether given or generated (``line-N``): a repeated id
+    would let one answer overwrite another on resume, so it is refused
+    (``BatchError``) before any model call.
+    """
+    from trace_dspy.core.safety import JSONLimitError, load_json
+
     items: list[tuple[str, Any, int]] = []
-    seen: set[str] = set()
+    first_line: dict[str, int] = {}
+    repeated: list[str] = []
     with open(path, "rb") as fh:
         for n, raw in enumerate(fh, 1):
             if not raw.strip():
                 continue
             item_id, dialogue = f"line-{n}", None
             try:
-                obj = json.loads(raw.decode("utf-8"))
+                obj = load_json(raw, f"{path}:{n}")
                 if not isinstance(obj, dict):
                     raise InputLineError(f"expected a JSON object, got {type(obj).__name__}")
-                given = str(obj.get("id", item_id))
-                if given in seen:  # keep the first; this line's error gets its own id
-                    raise InputLineError(f"duplicate id {given!r}")
-                item_id = given
+                if "id" in obj:
+                    if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
+                        raise InputLineError(f"'id' must be text or an integer, not {type(obj['id']).__name__}")
+                    item_id = str(obj["id"])
                 dialogue = obj.get("turns", obj.get("dialogue"))
                 if dialogue is None:
                     raise InputLineError("needs 'turns' or 'dialogue'")
-            except UnicodeDecodeError as exc:
-                dialogue = InputLineError(f"not valid UTF-8 ({exc.reason})")
-            except json.JSONDecodeError as exc:
-                dialogue = InputLineError(f"invalid JSON: {exc.msg} (column {exc.colno})")
+            except JSONLimitError as exc:
+                dialogue = InputLineError(str(exc).removeprefix(f"{path}:{n}: "))
             except InputLineError as exc:
                 dialogue = exc
-            seen.add(item_id)
+            if item_id in first_line:
+                repeated.append(f"{item_id!r} (lines {first_line[item_id]} and {n})")
+            first_line.setdefault(item_id, n)
             items.append((item_id, dialogue, n))
+    if repeated:
+        more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
+        raise BatchError(f"{path}: ids must be unique (a line without 'id' is line-N); repeated: "
+                         f"{', '.join(repeated[:3])}{more}. Nothing was answered")
     return items
+
+
+def _is_batch_record(rec: dict) -> bool:
+    return "response" in rec or "error" in rec
+
+
+def check_batch_paths(input_path: Path, output_path: Path) -> None:
+    """Refuse an output that is the input, or a folder; before anything is read or written."""
+    if output_path.exists() and (output_path.resolve() == input_path.resolve()
+                                 or os.path.samefile(output_path, input_path)):
+        raise BatchError(f"--output {output_path} is the input file; choose another file for the replies")
+    if output_path.is_dir():
+        raise BatchError(f"--output {output_path} is a folder; give a file name")
 
 
 def respond_batch(
@@ -112,11 +146,27 @@ def respond_batch(
     threads: int = 1,
     lm: dspy.LM | None = None,
 ) -> BatchReport:
-    """Answer every dialogue of a JSONL file; resumable, per-line failures kept."""
+    """Answer every dialogue of a JSONL file; resumable, per-line failures kept.
+
+    The output only ever gains knowledge: answered ids are kept, failed ids
+    are asked again (past DSPy's cache), damaged lines of an earlier output are
+    skipped with a warning, and the final rewrite replaces the file atomically.
+    """
+    from contextlib import nullcontext
+
+    from trace_dspy.core.safety import redact
+    from trace_dspy.jsonl import ForeignFileError
+    from trace_dspy.lms import fresh_calls
+
     input_path, output_path = Path(input_path), Path(output_path)
+    check_batch_paths(input_path, output_path)
     items = read_batch_input(input_path)
-    previous = read_records(output_path)
+    try:
+        previous = read_records(output_path, accept=_is_batch_record, what="respond output")
+    except ForeignFileError as exc:
+        raise BatchError(str(exc)) from None
     todo = [it for it in items if "response" not in previous.get(it[0], {})]
+    retry = {it[0] for it in todo if it[0] in previous}
     failed = 0
 
     def answer(item: tuple[str, Any, int]) -> dict:
@@ -124,15 +174,13 @@ def respond_batch(
         if isinstance(dialogue, Exception):
             return {"id": item_id, "line": line, "error": f"{input_path}:{line}: {dialogue}"}
         try:
-            if lm is not None:
-                with dspy.context(lm=lm):
-                    pred = program(dialogue=dialogue)
-            else:
+            with (fresh_calls() if item_id in retry else nullcontext()), \
+                    (dspy.context(lm=lm) if lm is not None else nullcontext()):
                 pred = program(dialogue=dialogue)
         except DialogueError as exc:
             return {"id": item_id, "line": line, "error": f"{input_path}:{line}: {exc}"}
         except Exception as exc:  # one bad line must not stop the batch
-            return {"id": item_id, "line": line, "error": f"{type(exc).__name__}: {exc}"}
+            return {"id": item_id, "line": line, "error": redact(f"{type(exc).__name__}: {exc}")}
         return {"id": item_id, "line": line, "dialogue": pred.dialogue, "response": pred.response,
                 "stages": stage_outputs(pred)}
 
@@ -148,9 +196,13 @@ def respond_batch(
             for item in todo:
                 write(answer(item))
         else:
-            with ThreadPoolExecutor(max_workers=threads) as pool:
+            pool = ThreadPoolExecutor(max_workers=threads)
+            try:
                 for rec in pool.map(with_dspy_context(answer), todo):
                     write(rec)
+            finally:
+                # On Ctrl-C, drop the queued lines instead of waiting for them.
+                pool.shutdown(wait=False, cancel_futures=True)
 
     # Rewrite once, in input order, one record per id (atomic replace).
     atomic_write_lines(output_path, (previous[item_id] for item_id, _, _ in items))
@@ -182,6 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads, or in a one-thread batch
+        where = f"; the finished replies are in {args.output}. Rerun the same command to answer the rest" \
+            if args.input else ""
+        print(f"\ninterrupted{where}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.input and args.message:
         return fail("give either a message or --input, not both")
     if bool(args.input) != bool(args.output):
@@ -192,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         return fail("--threads must be at least 1")
     if args.input and not args.input.is_file():
         return fail(f"no such input file: {args.input}")
+    if args.input:
+        try:
+            check_batch_paths(args.input, args.output)
+        except BatchError as exc:
+            return fail(str(exc))
     try:
         settings = settings_from_args(args)
         from trace_dspy.artifacts import load_for_run
@@ -202,7 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
 
     if args.input:
-        report = respond_batch(program, args.input, args.output, threads=args.threads, lm=default_lm)
+        try:
+            report = respond_batch(program, args.input, args.output, threads=args.threads, lm=default_lm)
+        except BatchError as exc:
+            return fail(str(exc))
+        except KeyboardInterrupt:
+            if args.threads <= 1:
+                raise
+            print(f"\ninterrupted; the finished replies are in {args.output}. Rerun the same command to answer "
+                  "the rest", file=sys.stderr)
+            sys.stderr.flush()
+            # Worker threads may be inside a model call; do not wait for them (every row is already on disk).
+            os._exit(INTERRUPTED)
         print(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
               f"{report.failed} failed (see the 'error' field in {args.output})", file=sys.stderr)
         return 0 if report.ok else 1
@@ -225,16 +303,21 @@ def main(argv: list[str] | None = None) -> int:
     except DialogueError as exc:
         status.clear()
         return fail(str(exc))
+    except KeyboardInterrupt:
+        status.clear()
+        print("\ninterrupted", file=sys.stderr)
+        return INTERRUPTED
     except Exception as exc:
         status.clear()
         return fail(f"the model call failed: {type(exc).__name__}: {exc}", code=1)
     status.clear()
     if args.json:
-        print(json.dumps(pred.toDict(), ensure_ascii=False, indent=2))
+        # JSON escapes C0 controls itself; C1 controls (U+0080-U+009F) are escaped too.
+        print(json.dumps(pred.toDict(), ensure_ascii=False, indent=2).translate(C1_ESCAPES))
     elif args.show_stages:
-        print(format_stages(pred))
+        print(terminal_safe(format_stages(pred)))
     else:
-        print(pred.response)
+        print(terminal_safe(pred.response))
     return 0
 
 

@@ -84,6 +84,10 @@ def _tokenize(texts: Sequence[str]):
     return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
 
 
+# Text fields every saved index item must have.
+_ITEM_TEXT = ("dialogue", "response", "emotion", "key", "text")
+
+
 class ExemplarIndex:
     """BM25 over pool items, with group filtering and same-conversation exclusion."""
 
@@ -123,17 +127,41 @@ class ExemplarIndex:
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> ExemplarIndex:
+        """Load a saved index, checking every file; damage is a ``ConfigError`` naming the file."""
         import bm25s
 
+        from trace_dspy.core.safety import JSONLimitError, load_json
+
         folder = Path(folder)
+        items_path = folder / "items.json"
         try:
-            data = json.loads((folder / "items.json").read_text(encoding="utf-8"))
-            if data.get("version") != INDEX_VERSION:
-                raise ValueError(f"index version {data.get('version')}")
+            data = load_json(items_path.read_bytes(), str(items_path), max_bytes=512 * 1024 * 1024)
+        except (OSError, JSONLimitError) as exc:
+            raise ConfigError(f"{items_path}: retrieval index is missing or damaged ({exc})") from None
+        if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
+            got = data.get("version") if isinstance(data, dict) else type(data).__name__
+            raise ConfigError(f"{items_path}: version: expected index version {INDEX_VERSION}, found {got!r}")
+        items = data.get("items")
+        if not isinstance(items, list) or not items:
+            raise ConfigError(f"{items_path}: items: expected a non-empty list")
+        for n, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ConfigError(f"{items_path}: items[{n}]: expected an object")
+            bad = [k for k in _ITEM_TEXT if not isinstance(item.get(k), str)]
+            if bad:
+                raise ConfigError(f"{items_path}: items[{n}]: {', '.join(bad)} must be text")
+        if not isinstance(data.get("fingerprint"), str):
+            raise ConfigError(f"{items_path}: fingerprint: expected text")
+        try:
             retriever = bm25s.BM25.load(str(folder / "bm25"), show_progress=False, allow_pickle=False)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"{folder}: retrieval index is missing or damaged ({exc})") from None
-        return cls(data["items"], retriever, data["fingerprint"])
+            num_docs = int(retriever.scores["num_docs"])
+        except Exception as exc:  # bm25s raises whatever numpy, json or the OS raise on a damaged file
+            raise ConfigError(f"{folder / 'bm25'}: retrieval index is missing or damaged "
+                              f"({type(exc).__name__}: {exc})") from None
+        if num_docs != len(items):
+            raise ConfigError(f"{folder / 'bm25'}: num_docs: the index holds {num_docs} documents but "
+                              f"items.json has {len(items)}")
+        return cls(items, retriever, data["fingerprint"])
 
     # -- search -------------------------------------------------------------------
 

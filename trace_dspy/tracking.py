@@ -37,11 +37,50 @@ def _quiet_mlflow() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+_READY: set[str] = set()
+
+
+@contextmanager
+def store_lock(tracking_uri: str):
+    """An exclusive lock beside a sqlite store (``mlflow.db.lock``); no-op for other stores.
+
+    MLflow creates a new sqlite store's schema on first use; several processes
+    doing that at once crash inside the migration, and two that both miss an
+    experiment both try to create it. Both steps run under this lock.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(tracking_uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def init_store(tracking_uri: str) -> None:
+    """Create the store's schema once, under the lock, before anything else touches it."""
+    if tracking_uri in _READY:
+        return
+    from mlflow import MlflowClient
+
+    _quiet_mlflow()
+    with store_lock(tracking_uri):
+        MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+    _READY.add(tracking_uri)
+
+
 def ensure_experiment(name: str, tracking_uri: str) -> str:
     """Create the experiment with an explicit artifact folder beside a sqlite store."""
     import mlflow
 
     _quiet_mlflow()
+    init_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     existing = mlflow.get_experiment_by_name(name)
     if existing is not None:
@@ -50,7 +89,11 @@ def ensure_experiment(name: str, tracking_uri: str) -> str:
     if tracking_uri.startswith("sqlite:///"):
         db = Path(tracking_uri[len("sqlite:///"):])
         location = (db.parent / "mlruns").resolve().as_uri()
-    return mlflow.create_experiment(name, artifact_location=location)
+    with store_lock(tracking_uri):
+        existing = mlflow.get_experiment_by_name(name)  # another process may have made it meanwhile
+        if existing is not None:
+            return existing.experiment_id
+        return mlflow.create_experiment(name, artifact_location=location)
 
 
 @contextmanager
