@@ -534,3 +534,28 @@ def test_store_initialisation_survives_concurrent_first_use(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     assert [e.name for e in client.search_experiments() if e.name == "trace-dspy"] == ["trace-dspy"]
     assert sorted(int(v.version) for v in client.search_model_versions("name='trace-dspy'")) == [1, 2, 3, 4]
+
+
+def test_deeply_nested_json_is_one_error_naming_file_and_line(tmp_path, caplog):
+    from trace_dspy.data import DataError, read_jsonl
+
+    deep = "[" * 50_000 + "]" * 50_000
+    lm, engine = fake_lm(echo)
+    program = TraceProgram(ProgramConfig(prior_k=0))
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "turns": ["I moved to a new city."]}) + "\n"
+                   + '{"id": "b", "turns": ' + deep + "}\n")
+    out = tmp_path / "out.jsonl"
+    report = respond_batch(program, src, out, lm=lm)  # an input line: that line's error, the rest answered
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert report.failed == 1 and "response" in records["a"]
+    assert records["line-2"]["error"] == f"{src}:2: JSON nested more than 64 levels deep"
+    with out.open("a") as fh:  # a resume file: the line is skipped with a warning, the good rows are kept
+        fh.write(deep + "\n")
+    with caplog.at_level(logging.WARNING, logger="trace_dspy.jsonl"):
+        assert set(trace_dspy.jsonl.read_records(out)) == {"a", "line-2"}
+    assert f"{out}:3: JSON nested more than 64 levels deep" in caplog.text
+    data = tmp_path / "data.jsonl"  # a data file: one DataError naming the line
+    data.write_text('{"turns": ["hi"], "emotion": "sad", "reply": "oh"}\n' + deep + "\n")
+    with pytest.raises(DataError, match=r"data.jsonl:2: JSON nested more than 64 levels deep"):
+        read_jsonl(data)
