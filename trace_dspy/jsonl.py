@@ -96,13 +96,13 @@ class AppendWriter:
         self.close()
 
 
-def atomic_write_lines(path: str | os.PathLike, records: Iterable[dict]) -> None:
+def _atomic_write(path: str | os.PathLike, write: Callable) -> None:
+    """Write through ``write(fh)`` to a private temporary file, fsync, then rename over ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:6]}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -111,12 +111,17 @@ def atomic_write_lines(path: str | os.PathLike, records: Iterable[dict]) -> None
         raise
 
 
+def atomic_write_lines(path: str | os.PathLike, records: Iterable[dict]) -> None:
+    def write(fh):
+        for rec in records:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+    _atomic_write(path, write)
+
+
 def atomic_write_json(path: str | os.PathLike, data) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    def write(fh):
         json.dump(data, fh, indent=2, ensure_ascii=False, sort_keys=False)
         fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+
+    _atomic_write(path, write)
