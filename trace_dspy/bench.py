@@ -907,9 +907,11 @@ def _quality(args, argv, settings: Settings) -> int:
     lms = LMSet(lm_config)
     metric = build_metric(settings, lms)
     retriever = default_retriever(settings.program, source, seed=args.seed)
-    splits = load_splits(source, seed=args.seed, train_size=args.train, dev_size=args.dev) if args.optimizers else None
-    if splits is not None:  # what the compiled systems' demos show: a reply that copies one scores 0
-        metric.add_copy_sources(e.response for e in splits.train)
+    # Loaded for every run, not only when compiling: the metric is then the same whichever systems a run
+    # compares, so two runs' tables can stand side by side. The train replies are what compiled systems'
+    # demos show; a reply that copies one scores 0.
+    splits = load_splits(source, seed=args.seed, train_size=args.train, dev_size=args.dev)
+    metric.add_copy_sources(e.response for e in splits.train)
     out_dir = args.output_dir or Path("runs/bench")
     rows_dir = out_dir / "quality_rows"
     if args.fresh and rows_dir.exists():
@@ -920,8 +922,7 @@ def _quality(args, argv, settings: Settings) -> int:
     print(f"bench: {len(examples)} {args.view} test examples ({source.kind}: {source.location}); "
           f"rows in {rows_dir}", file=sys.stderr)
     systems = build_systems(args.systems, args.optimizers, args.artifact, settings=settings, lms=lms,
-                            retriever=retriever, train=splits.train if splits else (),
-                            dev=splits.dev if splits else (), metric=metric,
+                            retriever=retriever, train=splits.train, dev=splits.dev, metric=metric,
                             optimizer_settings=settings.raw.get("optimizer"),
                             log=lambda m: print(m, file=sys.stderr))
     try:
