@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_dspy.labels import STRATEGIES
+from trace_dspy.core.labels import STRATEGIES
 
 MECHANISMS = STRATEGIES  # ER, IP, EX: EPITOME's mechanisms are TRACE's strategies
 LEVELS = 3

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_dspy.epitome import MECHANISMS, Epitome, RatedPair, split_by_post
+from trace_dspy.data.epitome import MECHANISMS, Epitome, RatedPair, split_by_post
 from trace_dspy.optimize.empathy import LEVELS, Encoder, Head, featurize, fit_head
 from trace_dspy.optimize.scorers import macro_f1, spearman
 

@@ -38,9 +38,9 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.config import ConfigError, from_table
-from trace_dspy.dialogue import speaker_turns
-from trace_dspy.labels import EMOTION_TO_GROUP, STRATEGIES
+from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.dialogue import speaker_turns
+from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.optimize.scorers import (
     content_words,
     distinct_n,
@@ -421,7 +421,7 @@ def _speaker_turns(example) -> list[str]:
 
 def exemplar_replies(exemplars) -> list[str]:
     """The listener replies inside a prediction's formatted exemplars."""
-    from trace_dspy.retrieval import exemplar_reply
+    from trace_dspy.data.retrieval import exemplar_reply
 
     replies = (exemplar_reply(text) for text in exemplars or [] if isinstance(text, str))
     return [r for r in replies if r is not None]

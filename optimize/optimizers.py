@@ -13,7 +13,7 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.config import ConfigError, from_table
+from trace_dspy.core.config import ConfigError, from_table
 
 OPTIMIZERS = ("labeled", "bootstrap", "mipro", "gepa", "simba")
 DEFAULT_OPTIMIZER = "bootstrap"

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-from trace_dspy.labels import EMOTION_TO_GROUP
+from trace_dspy.core.labels import EMOTION_TO_GROUP
 
 # ---------------------------------------------------------------- tokens
 
@@ -79,7 +79,7 @@ def emotion_accuracy(gold: Sequence[str], predicted: Sequence[str | None]) -> fl
 
 
 def group_accuracy(gold: Sequence[str], predicted: Sequence[str | None]) -> float:
-    """Accuracy over the 6 Ekman groups (see trace_dspy.labels.EMOTION_TO_GROUP)."""
+    """Accuracy over the 6 Ekman groups (see trace_dspy.core.labels.EMOTION_TO_GROUP)."""
     _check_pair(gold, predicted)
     hits = sum(p in EMOTION_TO_GROUP and EMOTION_TO_GROUP[p] == EMOTION_TO_GROUP[g] for g, p in zip(gold, predicted))
     return hits / len(gold)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dspy
 
-from trace_dspy.labels import EmotionLabel
+from trace_dspy.core.labels import EmotionLabel
 
 
 class SingleCallEmpathy(dspy.Signature):

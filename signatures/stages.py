@@ -11,7 +11,7 @@ from typing import Literal
 
 import dspy
 
-from trace_dspy.labels import CauseCategory, EmotionLabel, Strategy
+from trace_dspy.core.labels import CauseCategory, EmotionLabel, Strategy
 
 _DIALOGUE_DESC = (
     "The conversation so far, one 'Speaker:' or 'Listener:' line per turn; "

@@ -8,7 +8,7 @@ from pathlib import Path
 import dspy
 import pytest
 
-from trace_dspy.testing import fake_lm
+from trace_dspy.testing.fakes import fake_lm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,6 +98,6 @@ def local_model():
     """The embedded model's path; a missing 'local' extra skips locally and fails in CI."""
     if not _local_available():
         required("the 'local' extra is not installed")
-    from trace_dspy.local_lm import default_model_path
+    from trace_dspy.lm.engine import default_model_path
 
     return default_model_path()

@@ -1,6 +1,6 @@
 """Run a ``python -m trace_dspy.<command>`` with every model replaced by a scripted fake.
 
-    python tests/fake_cli.py trace_dspy.chat --program default
+    python tests/fake_cli.py trace_dspy.cli.chat --program default
 
 Used by the tests that drive commands as a person would (through a pty or a
 pipe), where monkeypatching in the test process cannot reach. The fake echoes
@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from trace_dspy import lms
-from trace_dspy.testing import fake_lm
+from trace_dspy.lm import specs as lms
+from trace_dspy.testing.fakes import fake_lm
 
 
 def responder(outputs, inputs):

@@ -7,20 +7,20 @@ import json
 import dspy
 import pytest
 
-import trace_dspy.lms as lms_module
+import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
-from trace_dspy.bench import (
+from trace_dspy.cli.bench import main
+from trace_dspy.bench.suite import (
     SingleCallProgram,
     TimedEngine,
-    main,
     measure_concurrency,
     measure_overhead,
     paper_program,
     per_example,
 )
-from trace_dspy.config import ProgramConfig
-from trace_dspy.data import load_test
-from trace_dspy.testing import ScriptedEngine, fake_lm, stage_of
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.data.sources import load_test
+from trace_dspy.testing.fakes import ScriptedEngine, fake_lm, stage_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

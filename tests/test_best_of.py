@@ -6,8 +6,8 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.config import ConfigError
-from trace_dspy.testing import fake_lm
+from trace_dspy.core.config import ConfigError
+from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = "Speaker: My dog died yesterday."
 REPLIES = ["Okay then.", "That is sad news.", "I am so sorry about your dog; how are you holding up?", "Fine."]
@@ -82,7 +82,7 @@ def test_the_default_reward_zeroes_a_pasted_demo_reply():
 
 
 def test_auto_draws_candidates_only_for_a_constrained_small_model():
-    from trace_dspy.lms import GrammarLM
+    from trace_dspy.lm.specs import GrammarLM
 
     program = TraceProgram(ProgramConfig())
     assert program.config.best_of == "auto"

@@ -12,9 +12,10 @@ import pexpect
 import pytest
 
 from trace_dspy import TraceProgram
-from trace_dspy.chat import ChatSession, Repl
-from trace_dspy.data import read_jsonl
-from trace_dspy.testing import fake_lm
+from trace_dspy.workflows.conversation import ChatSession
+from trace_dspy.cli.chat import Repl
+from trace_dspy.data.sources import read_jsonl
+from trace_dspy.testing.fakes import fake_lm
 
 FAKE_CLI = Path(__file__).with_name("fake_cli.py")
 
@@ -118,7 +119,7 @@ def ignore_sigint():
 
 def spawn_chat(tmp_path, *args, preexec_fn=None):
     env = {k: v for k, v in os.environ.items() if k != "TRACE_DSPY_DATA"}
-    child = pexpect.spawn(sys.executable, [str(FAKE_CLI), "trace_dspy.chat", *args], cwd=str(tmp_path), env=env,
+    child = pexpect.spawn(sys.executable, [str(FAKE_CLI), "trace_dspy.cli.chat", *args], cwd=str(tmp_path), env=env,
                           encoding="utf-8", timeout=90, dimensions=(40, 200), preexec_fn=preexec_fn)
     child.expect("you> ")
     return child

@@ -6,10 +6,10 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.adapters import ChatReplyAdapter, clean_reply, plan_in_words
-from trace_dspy.config import ConfigError
-from trace_dspy.program import stage_signature
-from trace_dspy.testing import fake_lm
+from trace_dspy.lm.adapters import ChatReplyAdapter, clean_reply, plan_in_words
+from trace_dspy.core.config import ConfigError
+from trace_dspy.program.pipeline import stage_signature
+from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = "Speaker: I lost my wallet on the bus.\nListener: Oh no, did you report it?\nSpeaker: Yes, but nobody handed it in."
 
@@ -95,7 +95,7 @@ def test_reply_format_is_validated_and_recorded():
 
 
 def test_auto_picks_chat_for_a_constrained_model_and_fields_otherwise():
-    from trace_dspy.lms import GrammarLM
+    from trace_dspy.lm.specs import GrammarLM
 
     program = TraceProgram()
     lm, _ = fake_lm()
@@ -111,7 +111,7 @@ def test_artifacts_saved_before_the_option_keep_the_field_layout(tmp_path):
     import shutil
     from pathlib import Path
 
-    from trace_dspy.artifacts import load_folder
+    from trace_dspy.store.artifacts import load_folder
 
     shipped = Path(__file__).resolve().parents[1] / "artifacts" / "trace-dspy" / "v0001"
     folder = tmp_path / "v0001"

@@ -10,15 +10,16 @@ import dspy
 import pytest
 
 import trace_dspy
-import trace_dspy.lms as lms_module
+import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.artifacts import ArtifactError, load_reference, save_artifact, versions
-from trace_dspy.compile import config_from_args, main, run_compile
-from trace_dspy.config import ConfigError
+from trace_dspy.store.artifacts import ArtifactError, load_reference, save_artifact, versions
+from trace_dspy.cli.compile import config_from_args, main
+from trace_dspy.workflows.compile import run_compile
+from trace_dspy.core.config import ConfigError
 from trace_dspy.optimize.metric import EmpathyMetric
 from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig, compile_program
-from trace_dspy.registry import champion, promote_if_better, register_version
-from trace_dspy.testing import fake_lm
+from trace_dspy.store.registry import champion, promote_if_better, register_version
+from trace_dspy.testing.fakes import fake_lm
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 
@@ -245,7 +246,7 @@ def test_champion_moves_only_on_a_strictly_better_score(tmp_path):
 
 
 def test_a_collapsed_program_never_becomes_champion(fake_models, tmp_path, monkeypatch, capsys):
-    import trace_dspy.registry as registry
+    import trace_dspy.store.registry as registry
 
     def constant(outputs, inputs):
         return {"response": "A guy kicked his beagle because it did not come."} if "response" in outputs else {}
@@ -303,7 +304,7 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
 
 
 def test_the_retrieval_pool_is_the_whole_train_partition_and_ships_with_the_artifact(fake_models, tmp_path):
-    from trace_dspy.data import load_splits
+    from trace_dspy.data.sources import load_splits
 
     cfg = config_from_args(["--optimizer", "labeled", "--train", "4", "--dev", "3", "--no-mlflow"])
     result = run_compile(cfg)

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from trace_dspy.data import (
+from trace_dspy.data.sources import (
     SEED_BANNER,
     DataError,
     conversations,
@@ -18,7 +18,7 @@ from trace_dspy.data import (
     resolve_source,
     select_view,
 )
-from trace_dspy.labels import EMOTIONS
+from trace_dspy.core.labels import EMOTIONS
 
 HEADER = ",dialogue_id,turns,text,emotion,dialogue_emotion\n"
 

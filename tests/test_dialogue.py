@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from trace_dspy.dialogue import (
+from trace_dspy.core.dialogue import (
     MAX_DIALOGUE_CHARS,
     DialogueError,
     normalize_dialogue,

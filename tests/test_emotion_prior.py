@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.artifacts import ArtifactError, load_folder, save_artifact
-from trace_dspy.config import ConfigError
-from trace_dspy.core import emotion_prior as ep
-from trace_dspy.core.emotion_prior import EmotionPrior, PriorError, fit_prior, format_candidates
-from trace_dspy.local_lm import grammar_for, listed_choices, output_grammar
-from trace_dspy.testing import fake_lm
+from trace_dspy.store.artifacts import ArtifactError, load_folder, save_artifact
+from trace_dspy.core.config import ConfigError
+from trace_dspy.program import emotion_prior as ep
+from trace_dspy.program.emotion_prior import EmotionPrior, PriorError, fit_prior, format_candidates
+from trace_dspy.lm.engine import grammar_for, listed_choices, output_grammar
+from trace_dspy.testing.fakes import fake_lm
 
 # Each label has its own words; a sample mixes two of them with filler, so the task is learnable, not trivial.
 WORDS = {"sad": ["cried", "funeral", "miss"], "joyful": ["party", "won", "laughed"],
@@ -165,7 +165,7 @@ def test_without_a_prior_or_the_embed_extra_the_lm_decides_and_says_so(prior, mo
 
 def test_artifacts_carry_the_prior_and_old_ones_load_without(prior, tmp_path, monkeypatch):
     program = _program_with(prior, monkeypatch)
-    from trace_dspy.lms import LMConfig
+    from trace_dspy.lm.specs import LMConfig
 
     manifest = {"config": {"program": program.config.to_dict(), "lm": LMConfig().to_dict()},
                 "emotion_prior": {"file": ep.FILE_NAME, **prior.describe()}}

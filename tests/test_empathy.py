@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from trace_dspy import TraceProgram
-from trace_dspy.evaluation import evaluate_program
+from trace_dspy.workflows.evaluation import evaluate_program
 from trace_dspy.optimize import metric as metric_module
 from trace_dspy.optimize.empathy import NO_EMBED, WEIGHTS_FILE, EmpathyScorer, Head, ScorerError
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig, collapse_check, strategy_fit
-from trace_dspy.testing import fake_lm
+from trace_dspy.testing.fakes import fake_lm
 
 from conftest import required
 
@@ -104,7 +104,7 @@ def test_scorer_tells_the_mechanisms_apart(scorer):
 
 @pytest.mark.slow
 def test_refit_reproduces_the_recorded_subset_table(scorer, epitome_dir, capsys):
-    from trace_dspy import fit_empathy
+    from trace_dspy.cli import fit_empathy
 
     limit = str(scorer.meta["reproduce"]["limit"])
     assert fit_empathy.main(["--epitome", str(epitome_dir), "--limit", limit, "--check"]) == 0
@@ -115,8 +115,8 @@ def test_refit_reproduces_the_recorded_subset_table(scorer, epitome_dir, capsys)
 
 
 def test_epitome_errors_name_the_problem(tmp_path, capsys):
-    from trace_dspy import fit_empathy
-    from trace_dspy.epitome import EpitomeError, load_epitome
+    from trace_dspy.cli import fit_empathy
+    from trace_dspy.data.epitome import EpitomeError, load_epitome
 
     with pytest.raises(EpitomeError, match="lacks"):
         load_epitome(tmp_path)
@@ -252,7 +252,7 @@ def test_a_constant_reply_program_scores_below_a_diverse_one_and_is_flagged(scor
 
 
 def test_validity_search_ranks_weights_by_the_nearer_target():
-    from trace_dspy import metric_validity as mv
+    from trace_dspy.bench import metric_validity as mv
 
     def row(emp, rel, rules, grounded=1.0):
         return {"empathy": emp, "relevance": rel, "rules": rules, "grounded": grounded}

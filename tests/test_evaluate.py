@@ -7,12 +7,12 @@ import json
 import dspy
 import pytest
 
-import trace_dspy.lms as lms_module
+import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
-from trace_dspy.evaluate import main
-from trace_dspy.evaluation import FailureRateExceeded, evaluate_program, summarize
+from trace_dspy.cli.evaluate import main
+from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program, summarize
 from trace_dspy.optimize.metric import EmpathyMetric
-from trace_dspy.testing import fake_lm
+from trace_dspy.testing.fakes import fake_lm
 
 
 def examples(n):

@@ -6,8 +6,8 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.config import ConfigError
-from trace_dspy.testing import fake_lm
+from trace_dspy.core.config import ConfigError
+from trace_dspy.testing.fakes import fake_lm
 
 CORE = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 DIALOGUE = "Speaker: I failed my driving test again."

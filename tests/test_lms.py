@@ -7,9 +7,9 @@ import json
 import dspy
 import pytest
 
-from trace_dspy.cli import add_model_args, settings_from_args
-from trace_dspy.config import ConfigError
-from trace_dspy.lms import GrammarLM, LMConfig, LMSet, LMSpec, build_lm, redact_url
+from trace_dspy.cli.common import add_model_args, settings_from_args
+from trace_dspy.core.config import ConfigError
+from trace_dspy.lm.specs import GrammarLM, LMConfig, LMSet, LMSpec, build_lm, redact_url
 
 TOML = """
 [program]

@@ -10,9 +10,9 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.adapters import CompactChatAdapter
-from trace_dspy.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
-from trace_dspy.local_lm import (
+from trace_dspy.lm.adapters import CompactChatAdapter
+from trace_dspy.core.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
+from trace_dspy.lm.engine import (
     LlamaEngine,
     LocalModelError,
     default_model_path,
@@ -75,7 +75,7 @@ def test_quotable_sentences_come_from_speaker_turns_only():
     ("It is a response to it. It is a response to it. It", "It is a response to it."),
 ])
 def test_repeated_tail_finds_where_a_loop_starts(text, kept):
-    from trace_dspy.local_lm import repeated_tail
+    from trace_dspy.lm.engine import repeated_tail
 
     cut = repeated_tail(text)
     assert cut is not None and text[:cut].strip() == kept
@@ -88,13 +88,13 @@ def test_repeated_tail_finds_where_a_loop_starts(text, kept):
     "",
 ])
 def test_repeated_tail_leaves_ordinary_replies_alone(text):
-    from trace_dspy.local_lm import repeated_tail
+    from trace_dspy.lm.engine import repeated_tail
 
     assert repeated_tail(text) is None
 
 
 def test_the_guard_knows_which_field_is_being_written():
-    from trace_dspy.local_lm import _guard_field
+    from trace_dspy.lm.engine import _guard_field
 
     chat = "[[ ## strategy ## ]]\nIP\n\n[[ ## response ## ]]\nI am"
     assert _guard_field(chat) == ("response", chat.index("I am"))
@@ -104,7 +104,7 @@ def test_the_guard_knows_which_field_is_being_written():
 
 
 def test_missing_extra_is_named(monkeypatch):
-    import trace_dspy.local_lm as mod
+    import trace_dspy.lm.engine as mod
 
     monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(LocalModelError, match=r'pip install -e "\.\[local\]"'):
@@ -123,7 +123,7 @@ def test_engine_pickles_and_saves_settings_only():
 
 @pytest.fixture(scope="module")
 def smol(local_model):
-    from trace_dspy.local_lm import local_lm
+    from trace_dspy.lm.engine import local_lm
 
     return local_lm(cache=False)
 
@@ -146,7 +146,7 @@ def test_program_runs_on_the_embedded_model(smol):
 
 @pytest.mark.slow
 def test_deterministic_thread_safe_and_loaded_once(smol):
-    from trace_dspy.local_lm import local_lm
+    from trace_dspy.lm.engine import local_lm
 
     # Greedy only: sampled Best-of-N candidates differ on purpose when a prompt repeats.
     program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))
@@ -177,7 +177,7 @@ def test_deterministic_thread_safe_and_loaded_once(smol):
 @pytest.mark.slow
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
-    from trace_dspy.local_lm import local_lm
+    from trace_dspy.lm.engine import local_lm
 
     lm = local_lm(cache=False, prefix_cache=prefix_cache)
     program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))  # greedy, as above
@@ -190,7 +190,7 @@ def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
 
 @pytest.mark.slow
 def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
-    from trace_dspy.local_lm import local_lm
+    from trace_dspy.lm.engine import local_lm
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
     try:
@@ -208,7 +208,7 @@ def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
 @pytest.mark.slow
 def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     """The top-token grammar check must pick exactly what full-vocabulary masking picks."""
-    from trace_dspy.local_lm import local_lm
+    from trace_dspy.lm.engine import local_lm
 
     fast = local_lm(cache=False, fast_greedy=True, loop_guard=False)  # the guard changes answers on purpose
     slow = local_lm(cache=False, fast_greedy=False)
@@ -227,7 +227,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
 @pytest.mark.slow
 def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_model):
     """Greedy SmolLM2 repeats "This is a very bad thing." until the length cap; the guard stops it."""
-    from trace_dspy.local_lm import local_lm, repeated_tail
+    from trace_dspy.lm.engine import local_lm, repeated_tail
 
     dialogue = "Speaker: My roommate keeps eating my food."
     program = TraceProgram(ProgramConfig(best_of=1))
@@ -248,7 +248,7 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
 @pytest.mark.slow
 def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_model):
     """Best-of-N sends the same request N times; a fixed seed would return one candidate N times."""
-    from trace_dspy.local_lm import local_lm
+    from trace_dspy.lm.engine import local_lm
 
     def candidates():
         lm = local_lm(cache=False)
@@ -266,7 +266,7 @@ def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_mode
 @pytest.mark.slow
 def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     """Best-of-N candidates share their whole prompt: the second one must not reset or restore the context."""
-    from trace_dspy import local_lm as engine_module
+    from trace_dspy.lm import engine as engine_module
 
     lm = engine_module.local_lm(cache=False)
     ask = [{"role": "system", "content": "You are kind."},
@@ -286,9 +286,9 @@ def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
 @pytest.mark.slow
 def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
     """Even candidates that contradict the message bind the embedded model: the grammar allows nothing else."""
-    from trace_dspy.config import ProgramConfig
+    from trace_dspy.core.config import ProgramConfig
 
-    from trace_dspy.core.emotion_prior import shipped_prior
+    from trace_dspy.program.emotion_prior import shipped_prior
 
     program = TraceProgram(ProgramConfig(prior_k=2), emotion_prior=shipped_prior())  # the field exists with a prior
     seen = set()

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
-import trace_dspy.lms as lms_module
-from trace_dspy.compile import config_from_args, run_compile
-from trace_dspy.testing import fake_lm
+import trace_dspy.lm.specs as lms_module
+from trace_dspy.cli.compile import config_from_args
+from trace_dspy.workflows.compile import run_compile
+from trace_dspy.testing.fakes import fake_lm
 
 pytestmark = pytest.mark.browser
 

@@ -8,9 +8,9 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.config import ConfigError
-from trace_dspy.dialogue import DialogueError
-from trace_dspy.testing import fake_lm
+from trace_dspy.core.config import ConfigError
+from trace_dspy.core.dialogue import DialogueError
+from trace_dspy.testing.fakes import fake_lm
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 CAUSE_FIELDS = {"trigger_spans", "cause_summary", "cause_category"}
@@ -130,7 +130,7 @@ def test_config_rejects_unknown_or_required_stages():
 
 
 def test_config_from_toml(tmp_path):
-    from trace_dspy.config import program_config_from_toml
+    from trace_dspy.core.config import program_config_from_toml
 
     path = tmp_path / "c.toml"
     path.write_text('[program]\nreasoning = []\ndisabled = ["plan_strategy"]\n')

@@ -33,8 +33,8 @@ def test_no_bar_reaches_a_pipe(tmp_path):
     config = tmp_path / "fast.toml"
     config.write_text('[metric]\nsimilarity_kind = "token_f1"\n')
     commands = [
-        ["trace_dspy.respond", "--input", "in.jsonl", "--output", "out.jsonl"],
-        ["trace_dspy.compile", "--optimizer", "bootstrap", "--train", "3", "--dev", "2", "--threads", "1",
+        ["trace_dspy.cli.respond", "--input", "in.jsonl", "--output", "out.jsonl"],
+        ["trace_dspy.cli.compile", "--optimizer", "bootstrap", "--train", "3", "--dev", "2", "--threads", "1",
          "--no-mlflow", "--config", str(config)],
     ]
     for argv in commands:
@@ -48,7 +48,7 @@ def test_no_bar_reaches_a_pipe(tmp_path):
 
 def test_a_bar_is_drawn_on_a_terminal(tmp_path):
     write_dialogues(tmp_path / "in.jsonl", 3)
-    child = pexpect.spawn(sys.executable, [str(FAKE_CLI), "trace_dspy.respond", "--input", "in.jsonl", "--output",
+    child = pexpect.spawn(sys.executable, [str(FAKE_CLI), "trace_dspy.cli.respond", "--input", "in.jsonl", "--output",
                                            "out.jsonl"], cwd=str(tmp_path), env=fake_env(tmp_path),
                           encoding="utf-8", timeout=120, dimensions=(24, 120))
     child.expect(r"respond: 100%\|.*\| 3/3")

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from trace_dspy import TraceProgram
-from trace_dspy.evaluation import evaluate_program
+from trace_dspy.workflows.evaluation import evaluate_program
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
 from trace_dspy.optimize.relevance import (
     WEIGHTS_FILE, RelevanceError, RelevanceHead, RelevanceScorer, contrastive_step, fit_calibration,
 )
-from trace_dspy.testing import fake_lm
+from trace_dspy.testing.fakes import fake_lm
 
 from conftest import required
 
@@ -138,7 +138,7 @@ def test_rows_from_an_earlier_metric_are_scored_again_without_rerunning_the_prog
 
 @pytest.mark.slow
 def test_refit_reproduces_the_recorded_subset_table(relevance, ed_dir, capsys):
-    from trace_dspy import fit_relevance
+    from trace_dspy.cli import fit_relevance
 
     limit = str(relevance.meta["reproduce"]["limit"])
     assert fit_relevance.main(["--data", str(ed_dir), "--limit", limit, "--check"]) == 0

@@ -1,6 +1,6 @@
 """Reliability: model faults, bad input, kill -9, leaked secrets, damaged artifacts, threads.
 
-Every model here is fake: ``FaultyEngine`` (trace_dspy.testing) injects
+Every model here is fake: ``FaultyEngine`` (trace_dspy.testing.fakes) injects
 transport faults and broken replies at seeded rates, and the interruption
 tests run the real commands in a subprocess with a slow fake model, then
 SIGKILL them. docs/reliability.md lists each fault with the test that covers it.
@@ -28,13 +28,13 @@ import pytest
 from dspy.utils.exceptions import DSPyError
 
 import trace_dspy
-import trace_dspy.lms as lms_module
+import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
-from trace_dspy.artifacts import ArtifactError, save_artifact, versions
-from trace_dspy.evaluation import FailureRateExceeded, evaluate_program
-from trace_dspy.jsonl import read_records
-from trace_dspy.respond import respond_batch
-from trace_dspy.testing import FAULTS, FaultyEngine, ScriptedEngine, fake_lm, faulty_lm
+from trace_dspy.store.artifacts import ArtifactError, save_artifact, versions
+from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program
+from trace_dspy.core.jsonl import read_records
+from trace_dspy.workflows.batch import respond_batch
+from trace_dspy.testing.fakes import FAULTS, FaultyEngine, ScriptedEngine, fake_lm, faulty_lm
 
 TRANSPORT = {"timeout": 0.1, "server_error": 0.1, "rate_limit": 0.1}  # 30% retryable faults
 # No sentence-embedding model to load: token-F1 similarity, and no emotion prior (its faults are not these).
@@ -181,7 +181,7 @@ def test_retries_back_off_exponentially_up_to_a_cap_and_honour_retry_after(sleep
 
 
 def test_evaluate_rides_out_retryable_faults_and_counts_them_without_retries(workdir, monkeypatch, sleeps, capsys):
-    from trace_dspy.evaluate import main
+    from trace_dspy.cli.evaluate import main
 
     (workdir / "retry.toml").write_text(FAST_METRIC + "[lm]\nnum_retries = 5\n")
     engine = route_to(monkeypatch, FaultyEngine(ScriptedEngine(echo), rates=TRANSPORT, seed=3))
@@ -219,7 +219,7 @@ def test_broken_replies_fail_their_examples_and_a_rerun_redoes_only_those(tmp_pa
 
 
 def test_too_many_broken_replies_stop_evaluate_clearly_and_keep_the_rows(workdir, monkeypatch, capsys):
-    from trace_dspy.evaluate import main
+    from trace_dspy.cli.evaluate import main
 
     route_to(monkeypatch, FaultyEngine(ScriptedEngine(echo), rates={"garbage": 0.5}, seed=1))
     assert main(["--limit", "20", "--threads", "1", "--no-mlflow", "--output-dir", "out", "--config", "fast.toml"]) == 1
@@ -232,7 +232,7 @@ def test_too_many_broken_replies_stop_evaluate_clearly_and_keep_the_rows(workdir
 
 def test_a_short_run_that_mostly_failed_reports_no_score(workdir, monkeypatch, capsys):
     # Below the early-stop minimum (10 examples) the finished run is judged as a whole.
-    from trace_dspy.evaluate import main
+    from trace_dspy.cli.evaluate import main
 
     route_to(monkeypatch, FaultyEngine(ScriptedEngine(echo), rates={"bad_label": 1.0}))
     assert main(["--limit", "4", "--no-mlflow", "--output-dir", "out", "--config", "fast.toml"]) == 1
@@ -245,7 +245,7 @@ def test_a_short_run_that_mostly_failed_reports_no_score(workdir, monkeypatch, c
 
 
 def test_compile_completes_under_faults_and_reports_the_failure_counts(workdir, monkeypatch, sleeps, capsys):
-    from trace_dspy.compile import main
+    from trace_dspy.cli.compile import main
 
     rates = {**TRANSPORT, "garbage": 0.03}
     engine = route_to(monkeypatch, FaultyEngine(ScriptedEngine(echo), rates=rates, seed=2))
@@ -261,7 +261,7 @@ def test_compile_completes_under_faults_and_reports_the_failure_counts(workdir, 
 
 
 def test_compile_stops_clearly_when_dev_or_the_optimizer_fails_too_often(workdir, monkeypatch, capsys):
-    from trace_dspy.compile import main
+    from trace_dspy.cli.compile import main
 
     route_to(monkeypatch, FaultyEngine(ScriptedEngine(echo), rates={"garbage": 0.6}, seed=1))
     assert main(["--optimizer", "labeled", "--train", "4", "--dev", "12", "--no-mlflow", "--config", "fast.toml"]) == 1
@@ -289,7 +289,7 @@ def test_compile_stops_clearly_when_dev_or_the_optimizer_fails_too_often(workdir
     ("I lost \udcff\udcfe my keys", "not valid UTF-8"),
 ])
 def test_respond_refuses_unusable_messages_before_any_model_call(monkeypatch, capsys, message, reason):
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     lm, engine = fake_lm(echo)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
@@ -301,14 +301,14 @@ def test_respond_refuses_unusable_messages_before_any_model_call(monkeypatch, ca
 
 RUNNER = """
 import importlib, json, sys, time
-import trace_dspy.lms as lms
-from trace_dspy.testing import ScriptedEngine, faulty_lm
+import trace_dspy.lm.specs as lms
+from trace_dspy.testing.fakes import ScriptedEngine, faulty_lm
 
 opts = json.loads(sys.argv[1])
 lm, engine = faulty_lm(latency=opts.get("latency", 0.0), inner=ScriptedEngine(answers={"response": "I hear you."}))
 lms.build_lm = lambda spec: lm
 if opts.get("stall_save"):  # hang inside save_artifact: files written, version not yet renamed into place
-    import trace_dspy.artifacts as artifacts
+    import trace_dspy.store.artifacts as artifacts
 
     def stall(*args, **kwargs):
         open(opts["stall_save"], "w").close()
@@ -335,7 +335,7 @@ def subprocess_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_invalid_utf8_from_the_command_line_or_stdin_is_a_clear_error(monkeypatch, capsys):
     import io
 
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     lm, engine = fake_lm(echo)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
@@ -350,7 +350,7 @@ def test_invalid_utf8_from_the_command_line_or_stdin_is_a_clear_error(monkeypatc
 
 
 def test_non_english_text_is_answered_and_kept_intact(tmp_path, monkeypatch, capsys):
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     lm, engine = fake_lm(echo)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
@@ -368,7 +368,7 @@ def test_non_english_text_is_answered_and_kept_intact(tmp_path, monkeypatch, cap
 
 
 def test_a_batch_survives_every_kind_of_bad_line_and_keeps_finished_ones(tmp_path, monkeypatch, capsys):
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     lm, engine = fake_lm(echo)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
@@ -488,7 +488,7 @@ def test_kill_9_during_a_batch_then_the_rerun_resumes(tmp_path, monkeypatch):
 
 
 def test_kill_9_during_evaluate_then_the_rerun_resumes(tmp_path, monkeypatch, capsys):
-    from trace_dspy.evaluate import main
+    from trace_dspy.cli.evaluate import main
 
     (tmp_path / "fast.toml").write_text(FAST_METRIC)
     argv = ["--limit", "20", "--threads", "1", "--no-mlflow", "--output-dir", "out", "--config", "fast.toml"]
@@ -508,7 +508,7 @@ def test_kill_9_during_evaluate_then_the_rerun_resumes(tmp_path, monkeypatch, ca
 
 
 def test_kill_9_during_compile_leaves_no_version_and_the_rerun_is_gap_free(tmp_path, monkeypatch):
-    from trace_dspy.compile import main
+    from trace_dspy.cli.compile import main
 
     (tmp_path / "fast.toml").write_text(FAST_METRIC)
     monkeypatch.chdir(tmp_path)
@@ -659,7 +659,7 @@ def test_truncated_or_garbled_artifact_files_give_clear_errors(tmp_path, name, d
 
 
 def test_damaged_artifacts_are_one_line_errors_in_the_commands(tmp_path, monkeypatch, capsys):
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     lm, engine = fake_lm(echo)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
@@ -708,8 +708,8 @@ def test_a_pickle_is_never_loaded_even_when_it_is_all_there_is(tmp_path):
 
 
 def test_eight_threads_give_the_same_results_as_one_even_under_faults(workdir, monkeypatch, sleeps):
-    from trace_dspy.evaluate import main as evaluate
-    from trace_dspy.respond import main as respond
+    from trace_dspy.cli.evaluate import main as evaluate
+    from trace_dspy.cli.respond import main as respond
 
     rates = {**TRANSPORT, "garbage": 0.03, "bad_label": 0.03}
     src = workdir / "in.jsonl"

@@ -8,10 +8,12 @@ import sys
 
 import pytest
 
-import trace_dspy.lms as lms_module
+import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
-from trace_dspy.respond import main, read_records, respond_batch
-from trace_dspy.testing import fake_lm
+from trace_dspy.cli.respond import main
+from trace_dspy.core.jsonl import read_records
+from trace_dspy.workflows.batch import respond_batch
+from trace_dspy.testing.fakes import fake_lm
 
 
 def echo_responder(outputs, inputs):
@@ -126,7 +128,7 @@ def test_program_flag_loads_a_compiled_artifact(fake_models, tmp_path, capsys):
     import dspy
 
     from trace_dspy import ProgramConfig
-    from trace_dspy.artifacts import save_artifact
+    from trace_dspy.store.artifacts import save_artifact
 
     program = TraceProgram()
     program.generate_response.signature = program.generate_response.signature.with_instructions("Be brief.")

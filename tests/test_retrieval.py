@@ -6,9 +6,9 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.config import ConfigError
-from trace_dspy.retrieval import ExemplarIndex, RetrievalConfig, cached_index, conversation_key
-from trace_dspy.testing import fake_lm
+from trace_dspy.core.config import ConfigError
+from trace_dspy.data.retrieval import ExemplarIndex, RetrievalConfig, cached_index, conversation_key
+from trace_dspy.testing.fakes import fake_lm
 
 
 def ex(i, first, emotion, later=None, reply="reply"):

@@ -20,8 +20,8 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
-from trace_dspy.lms import GrammarLM, LMSpec, build_lm
+from trace_dspy.core.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
+from trace_dspy.lm.specs import GrammarLM, LMSpec, build_lm
 
 
 def free_port() -> int:

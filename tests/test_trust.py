@@ -25,13 +25,13 @@ import dspy
 import pytest
 
 import trace_dspy
-import trace_dspy.lms as lms_module
+import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.artifacts import ArtifactError, save_artifact
-from trace_dspy.fake_server import FakeChatServer
-from trace_dspy.lms import LMConfig, LMSpec, TraceLM
-from trace_dspy.respond import BatchError, respond_batch
-from trace_dspy.testing import ScriptedEngine, fake_lm
+from trace_dspy.store.artifacts import ArtifactError, save_artifact
+from trace_dspy.testing.server import FakeChatServer
+from trace_dspy.lm.specs import LMConfig, LMSpec, TraceLM
+from trace_dspy.workflows.batch import BatchError, respond_batch
+from trace_dspy.testing.fakes import ScriptedEngine, fake_lm
 
 REPO = Path(__file__).resolve().parents[1]
 NO_PRIOR = {**ProgramConfig(prior_k=0).to_dict()}
@@ -79,7 +79,7 @@ def test_an_artifact_that_names_an_endpoint_or_key_is_refused_and_nothing_is_sen
         err = info.value
         assert err.file.endswith("manifest.json") and err.field == "config.lm"
         assert attacker.api_base in err.reason and "$VICTIM_KEY" in err.reason and "--trust-artifact-lm" in err.reason
-        from trace_dspy.respond import main as respond
+        from trace_dspy.cli.respond import main as respond
 
         assert respond(["--program", str(planted), "I lost my job today."]) == 2
         out = capsys.readouterr().err
@@ -88,7 +88,7 @@ def test_an_artifact_that_names_an_endpoint_or_key_is_refused_and_nothing_is_sen
         monkeypatch.chdir(tmp_path)
         monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path))
         monkeypatch.setattr("sys.stdin", open(os.devnull))
-        from trace_dspy.chat import main as chat
+        from trace_dspy.cli.chat import main as chat
 
         assert chat([]) == 2 and "--trust-artifact-lm" in capsys.readouterr().err
         assert attacker.requests == 0 and attacker.authorizations == []
@@ -148,8 +148,8 @@ def test_every_artifact_file_is_checked_field_by_field(tmp_path):
 
 
 def test_a_damaged_retrieval_index_names_its_file(tmp_path):
-    from trace_dspy.data import load_splits, resolve_source
-    from trace_dspy.retrieval import ExemplarIndex, RetrievalConfig
+    from trace_dspy.data.sources import load_splits, resolve_source
+    from trace_dspy.data.retrieval import ExemplarIndex, RetrievalConfig
 
     index = ExemplarIndex.build(load_splits(resolve_source(None, announce_seed=False)).train[:20], RetrievalConfig())
 
@@ -212,7 +212,7 @@ def test_duplicate_ids_given_or_generated_are_refused_before_any_model_call(tmp_
 
 
 def test_the_output_may_not_be_the_input_or_a_foreign_file(tmp_path, monkeypatch, capsys):
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     lm, engine = fake_lm(echo)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
@@ -249,7 +249,7 @@ def test_a_corrupt_line_in_an_earlier_output_loses_no_other_row(tmp_path, caplog
     lines[3] = "\x00\x00 garbage"
     out.write_text("\n".join(lines) + "\n" + lines[4][:10])  # and a torn last line
     calls = len(engine.calls)
-    with caplog.at_level(logging.WARNING, logger="trace_dspy.jsonl"):
+    with caplog.at_level(logging.WARNING, logger="trace_dspy.core.jsonl"):
         report = respond_batch(program, src, out, lm=lm)
     warned = caplog.text
     assert f"{out}:2" in warned and f"{out}:4" in warned and "torn last line" in warned
@@ -260,7 +260,7 @@ def test_a_corrupt_line_in_an_earlier_output_loses_no_other_row(tmp_path, caplog
 
 
 def test_the_final_rewrite_is_atomic(tmp_path, monkeypatch):
-    from trace_dspy import jsonl
+    from trace_dspy.core import jsonl
 
     lm, _ = fake_lm(echo)
     program = TraceProgram(ProgramConfig(prior_k=0))
@@ -279,7 +279,7 @@ def test_the_final_rewrite_is_atomic(tmp_path, monkeypatch):
     # The appended row is on disk, the earlier rows are intact, and no temporary file is left.
     monkeypatch.undo()
     assert out.read_bytes().startswith(before) and [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
-    assert set(trace_dspy.jsonl.read_records(out)) == {"a", "b", "c"}
+    assert set(trace_dspy.core.jsonl.read_records(out)) == {"a", "b", "c"}
 
 
 # ---------------------------------------------------------------- 3. retries that really retry
@@ -317,7 +317,7 @@ def test_failed_rows_are_asked_again_past_the_cache(tmp_path, no_cache_isolation
 
 
 def test_evaluate_redoes_failed_rows_past_the_cache(tmp_path, no_cache_isolation, monkeypatch):
-    from trace_dspy.evaluation import evaluate_program
+    from trace_dspy.workflows.evaluation import evaluate_program
     from trace_dspy.optimize.metric import EmpathyMetric
 
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
@@ -366,7 +366,7 @@ class _Hang(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_hung_server_is_given_up_on_within_the_timeout(tmp_path, monkeypatch, capsys):
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hang)
     server.daemon_threads = True
@@ -394,7 +394,7 @@ def test_a_hung_server_is_given_up_on_within_the_timeout(tmp_path, monkeypatch, 
 
 def test_credentials_in_a_base_url_never_reach_messages_or_records(tmp_path, monkeypatch, capsys):
     from trace_dspy.core.safety import redact
-    from trace_dspy.respond import main
+    from trace_dspy.cli.respond import main
 
     password = "pw" + secrets.token_hex(8)
     url = f"http://alice:{password}@127.0.0.1:9/v1"  # port 9 (discard): nothing listens
@@ -445,7 +445,7 @@ def _fake_cli(tmp_path: Path, *args: str) -> subprocess.Popen:
            "TRACE_FAKE_SLOW_MARKER": str(tmp_path / "sleeping")}
     env.pop("TRACE_DSPY_DATA", None)
     (tmp_path / "c.toml").write_text("[program]\nprior_k = 0\n")
-    return subprocess.Popen([sys.executable, str(REPO / "tests/fake_cli.py"), "trace_dspy.respond",
+    return subprocess.Popen([sys.executable, str(REPO / "tests/fake_cli.py"), "trace_dspy.cli.respond",
                              "--config", str(tmp_path / "c.toml"), *args],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
@@ -471,7 +471,7 @@ def test_ctrl_c_in_a_batch_exits_130_and_keeps_every_finished_row(tmp_path, thre
     rc, err = _interrupt_when(proc, lambda: (tmp_path / "sleeping").exists() and out.exists()
                               and out.read_text().count("\n") >= 3)
     assert rc == 130 and "Traceback" not in err and "interrupted" in err and "Rerun the same command" in err
-    kept = trace_dspy.jsonl.read_records(out)
+    kept = trace_dspy.core.jsonl.read_records(out)
     assert {f"ok{i}" for i in range(3)} <= set(kept) and all("response" in kept[f"ok{i}"] for i in range(3))
 
 
@@ -482,8 +482,9 @@ def test_ctrl_c_while_answering_one_message_exits_130_without_a_traceback(tmp_pa
 
 
 def test_escape_sequences_from_the_model_or_the_user_are_shown_not_obeyed(tmp_path, monkeypatch, capsys):
-    from trace_dspy.chat import ChatSession, Repl
-    from trace_dspy.respond import main
+    from trace_dspy.workflows.conversation import ChatSession
+    from trace_dspy.cli.chat import Repl
+    from trace_dspy.cli.respond import main
 
     hostile = "Sorry to hear.\x1b]0;pwned\x07\x1b[2J\x9b31m end"
 
@@ -517,8 +518,8 @@ def test_escape_sequences_from_the_model_or_the_user_are_shown_not_obeyed(tmp_pa
 def test_store_initialisation_survives_concurrent_first_use(tmp_path):
     db = tmp_path / "fresh" / "mlflow.db"
     code = ("import sys\n"
-            "from trace_dspy.tracking import ensure_experiment\n"
-            "from trace_dspy.registry import register_version\n"
+            "from trace_dspy.store.tracking import ensure_experiment\n"
+            "from trace_dspy.store.registry import register_version\n"
             "uri = 'sqlite:///' + sys.argv[1]\n"
             "ensure_experiment('trace-dspy', uri)\n"
             "import mlflow\n"
@@ -537,7 +538,7 @@ def test_store_initialisation_survives_concurrent_first_use(tmp_path):
 
 
 def test_deeply_nested_json_is_one_error_naming_file_and_line(tmp_path, caplog):
-    from trace_dspy.data import DataError, read_jsonl
+    from trace_dspy.data.sources import DataError, read_jsonl
 
     deep = "[" * 50_000 + "]" * 50_000
     lm, engine = fake_lm(echo)
@@ -552,8 +553,8 @@ def test_deeply_nested_json_is_one_error_naming_file_and_line(tmp_path, caplog):
     assert records["line-2"]["error"] == f"{src}:2: JSON nested more than 64 levels deep"
     with out.open("a") as fh:  # a resume file: the line is skipped with a warning, the good rows are kept
         fh.write(deep + "\n")
-    with caplog.at_level(logging.WARNING, logger="trace_dspy.jsonl"):
-        assert set(trace_dspy.jsonl.read_records(out)) == {"a", "line-2"}
+    with caplog.at_level(logging.WARNING, logger="trace_dspy.core.jsonl"):
+        assert set(trace_dspy.core.jsonl.read_records(out)) == {"a", "line-2"}
     assert f"{out}:3: JSON nested more than 64 levels deep" in caplog.text
     data = tmp_path / "data.jsonl"  # a data file: one DataError naming the line
     data.write_text('{"turns": ["hi"], "emotion": "sad", "reply": "oh"}\n' + deep + "\n")

@@ -1,1 +1,3 @@
-"""The program's own layer: parts that run inside ``TraceProgram`` (see the "One-way layers" design)."""
+"""Layer 1, core: labels, dialogues, configuration, the stage registry and plain helpers (safe JSON, atomic files,
+tables).  Core imports nothing else from trace_dspy.
+"""

@@ -16,12 +16,12 @@ from contextlib import nullcontext
 
 import dspy
 
-from trace_dspy.adapters import chat_reply_adapter, choose_adapter, is_constrained
-from trace_dspy.config import ProgramConfig
-from trace_dspy.dialogue import normalize_dialogue
-from trace_dspy.labels import ekman_group
-from trace_dspy.config import STAGES
-from trace_dspy.dialogue import speaker_text
+from trace_dspy.lm.adapters import chat_reply_adapter, choose_adapter, is_constrained
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.core.dialogue import normalize_dialogue
+from trace_dspy.core.labels import ekman_group
+from trace_dspy.core.config import STAGES
+from trace_dspy.core.dialogue import speaker_text
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
@@ -77,7 +77,7 @@ class TraceProgram(dspy.Module):
                  retriever=None, emotion_prior=None):
         super().__init__()
         self.config = config or ProgramConfig()
-        # An ExemplarIndex (trace_dspy.retrieval); used when exemplars are not passed in.
+        # An ExemplarIndex (trace_dspy.data.retrieval); used when exemplars are not passed in.
         self.retriever = retriever
         self._prior_encoder = None
         # Best-of-N reply reward: None = the default metric's reference-free score.
@@ -86,7 +86,7 @@ class TraceProgram(dspy.Module):
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
-        # An EmotionPrior (trace_dspy.core.emotion_prior); offers recognize_emotion its top-k labels.
+        # An EmotionPrior (trace_dspy.program.emotion_prior); offers recognize_emotion its top-k labels.
         self.emotion_prior = emotion_prior
         self._stage_lms: dict[str, dspy.LM] = {}
         self.set_stage_lms(stage_lms or {})
@@ -140,7 +140,7 @@ class TraceProgram(dspy.Module):
     def best_of(self, lm=None) -> int:
         """Reply candidates for ``lm`` (``auto`` resolved: several for a constrained small model)."""
         if self.config.best_of == "auto":
-            from trace_dspy.config import AUTO_BEST_OF
+            from trace_dspy.core.config import AUTO_BEST_OF
 
             return AUTO_BEST_OF if lm is not None and is_constrained(lm) else 1
         return self.config.best_of
@@ -162,7 +162,7 @@ class TraceProgram(dspy.Module):
         """Exemplars for a dialogue from the retriever (empty without one)."""
         if self.retriever is None:
             return []
-        from trace_dspy.retrieval import format_exemplar
+        from trace_dspy.data.retrieval import format_exemplar
 
         cfg = self.config.retrieval
         hits = self.retriever.search(dialogue, emotion=emotion, k=cfg.k, filter_by_group=cfg.filter_by_group)
@@ -182,7 +182,7 @@ class TraceProgram(dspy.Module):
 
     def _encoder(self):
         if self._prior_encoder is None:
-            from trace_dspy.core.emotion_prior import default_encoder
+            from trace_dspy.program.emotion_prior import default_encoder
 
             self._prior_encoder = default_encoder()
         return self._prior_encoder
@@ -192,7 +192,7 @@ class TraceProgram(dspy.Module):
         path = self.emotion_path()
         if not path.startswith("prior"):
             return "", path
-        from trace_dspy.core.emotion_prior import format_candidates
+        from trace_dspy.program.emotion_prior import format_candidates
 
         return format_candidates(self.emotion_prior.candidates(dialogue, self.config.prior_k, self._encoder())), path
 

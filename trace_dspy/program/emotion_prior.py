@@ -12,7 +12,7 @@ dev, and stores it inside the artifact as ``emotion_prior.npz``: numpy arrays
 and a JSON header, loaded with ``allow_pickle=False``. The program then gives
 the stage the top-k labels with their probabilities as an input field; on a
 grammar-constrained engine decoding may only choose among them (see
-``trace_dspy.local_lm.listed_choices``), on any other LM they are a hint.
+``trace_dspy.lm.engine.listed_choices``), on any other LM they are a hint.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from trace_dspy.dialogue import speaker_text
-from trace_dspy.labels import EMOTIONS, ekman_group
+from trace_dspy.core.dialogue import speaker_text
+from trace_dspy.core.labels import EMOTIONS, ekman_group
 
 FEATURE_VERSION = 1
 FILE_NAME = "emotion_prior.npz"
@@ -207,7 +207,7 @@ def fit_from_source(source, *, seed: int = 0, dev_fraction: float = 0.2, encode:
 
     Raises PriorError when the pool is too small or the ``embed`` extra is missing.
     """
-    from trace_dspy.data import partition_by_conversation, select_view
+    from trace_dspy.data.sources import partition_by_conversation, select_view
 
     if encode is None:
         encode = default_encoder()
@@ -219,7 +219,7 @@ def fit_from_source(source, *, seed: int = 0, dev_fraction: float = 0.2, encode:
 
 
 # The prior that ships in the package: fitted on the ED valid pool's training side (seed 0) by
-#     python -m trace_dspy.core.emotion_prior --data ../shared/data/empathetic_dialogues
+#     python -m trace_dspy.program.emotion_prior --data ../shared/data/empathetic_dialogues
 # It stands in where the data cannot carry a prior of their own (the seed set has a few dozen samples).
 SHIPPED = Path(__file__).with_name(FILE_NAME)
 
@@ -265,33 +265,9 @@ def cached_prior(source, *, seed: int = 0, dev_fraction: float = 0.2) -> Emotion
     return prior
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Refit the shipped prior (or write one elsewhere) from an ED folder's pool."""
-    import argparse
-    import sys
-
-    from trace_dspy.data import DataError, resolve_source
-
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.core.emotion_prior",
-                                     description="fit the emotion prior on a data source's pool (never its test split)")
-    parser.add_argument("--data", required=True, help="an ED folder (valid.csv, test.csv) or another data source")
-    parser.add_argument("--seed", type=int, default=0, help="the train/dev split seed (default 0)")
-    parser.add_argument("--output", type=Path, default=SHIPPED, help=f"where to write it (default {SHIPPED})")
-    args = parser.parse_args(argv)
-    try:
-        source = resolve_source(args.data, seed=args.seed)
-        prior = fit_from_source(source, seed=args.seed)
-    except (DataError, PriorError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    prior.save(args.output)
-    print(json.dumps({"output": str(args.output), **prior.describe()}, indent=2))
-    return 0
 
 
 __all__ = ["EmotionPrior", "FILE_NAME", "PriorError", "cached_prior", "fit_from_source", "fit_prior",
            "format_candidates", "shipped_prior"]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())

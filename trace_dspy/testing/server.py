@@ -1,7 +1,7 @@
 """A loopback OpenAI-compatible chat server with a fixed latency, for benchmarks and tests.
 
 It answers ``POST /v1/chat/completions`` with the scripted answers of
-``trace_dspy.testing.ScriptedEngine`` after sleeping ``latency`` seconds, so
+``trace_dspy.testing.fakes.ScriptedEngine`` after sleeping ``latency`` seconds, so
 that a program reached through ``dspy.LM("openai/...", api_base=...)`` runs
 end to end over real HTTP while the model costs nothing but the wait. Every
 request is served on its own thread, so the server itself never limits
@@ -93,7 +93,7 @@ class FakeChatServer:
     """Start on a free 127.0.0.1 port; use as a context manager (or call ``close``)."""
 
     def __init__(self, latency: float = 0.2, engine=None):
-        from trace_dspy.testing import ScriptedEngine
+        from trace_dspy.testing.fakes import ScriptedEngine
 
         if latency < 0:
             raise ValueError("latency must be >= 0")

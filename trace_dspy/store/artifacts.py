@@ -28,8 +28,8 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.config import ConfigError, ProgramConfig
-from trace_dspy.lms import LMConfig, LMSet
+from trace_dspy.core.config import ConfigError, ProgramConfig
+from trace_dspy.lm.specs import LMConfig, LMSet
 
 SCHEMA_VERSION = 1
 ENV_ROOT = "TRACE_DSPY_ARTIFACTS"
@@ -68,7 +68,7 @@ def artifacts_root(root: str | os.PathLike | None = None) -> Path:
 
 # The checkout's own artifacts/ folder (editable installs): the committed,
 # compiled program is found from any working directory.
-CHECKOUT_ROOT = Path(__file__).resolve().parents[1] / "artifacts"
+CHECKOUT_ROOT = Path(__file__).resolve().parents[2] / "artifacts"
 
 
 def search_roots(root: str | os.PathLike | None = None) -> list[Path]:
@@ -317,7 +317,7 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where:
     The prior is attached first: it decides whether the emotion stage has its
     candidates field, as it did when the state was saved.
     """
-    from trace_dspy.program import TraceProgram
+    from trace_dspy.program.pipeline import TraceProgram
 
     program = TraceProgram(config, emotion_prior=emotion_prior)
     if state is None:
@@ -349,7 +349,7 @@ def _warn_on_drift(manifest: dict[str, Any], where: Path) -> None:
 
 def check_lm_trust(recorded: LMConfig, manifest_path: Path) -> None:
     """Refuse an artifact that names an endpoint or a key variable (the user chooses those)."""
-    from trace_dspy.lms import redact_url
+    from trace_dspy.lm.specs import redact_url
 
     named = []
     for role, spec in recorded.specs():
@@ -394,7 +394,7 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
     program = build_program(config, state, where=str(folder / "program.json"),
                             emotion_prior=_load_prior(folder, manifest, config))
     if config.retrieval.enabled and (folder / "index").is_dir():
-        from trace_dspy.retrieval import ExemplarIndex
+        from trace_dspy.data.retrieval import ExemplarIndex
 
         try:
             program.retriever = ExemplarIndex.load(folder / "index")
@@ -410,7 +410,7 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
 
 def _load_prior(folder: Path, manifest: dict[str, Any], config: ProgramConfig):
     """The artifact's fitted emotion prior; None for artifacts compiled without one."""
-    from trace_dspy.core.emotion_prior import FILE_NAME, EmotionPrior, PriorError
+    from trace_dspy.program.emotion_prior import FILE_NAME, EmotionPrior, PriorError
 
     path = folder / FILE_NAME
     recorded = (manifest.get("emotion_prior") or {}).get("file")
@@ -481,7 +481,7 @@ def load_reference(ref: str, *, lm_config: LMConfig | None = None, root: str | o
                    tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False,
                    timeout: float | None = None) -> LoadedProgram:
     if ref == "champion" or ref.startswith(("models:/", "runs:/")):
-        from trace_dspy.registry import fetch_artifact
+        from trace_dspy.store.registry import fetch_artifact
 
         folder = fetch_artifact(ref, tracking_uri=tracking_uri)
     else:
@@ -494,8 +494,8 @@ def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announ
     """The exemplar index over the training pool of ``data`` (cached by fingerprint)."""
     if not config.retrieval.enabled:
         return None
-    from trace_dspy.data import DataSource, load_splits, resolve_source
-    from trace_dspy.retrieval import cached_index
+    from trace_dspy.data.sources import DataSource, load_splits, resolve_source
+    from trace_dspy.data.retrieval import cached_index
 
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=announce_seed)
     splits = load_splits(source, seed=seed)
@@ -514,8 +514,8 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
         return None
     import sys
 
-    from trace_dspy.core.emotion_prior import MIN_TRAIN, PriorError, cached_prior, cached_prior_path, shipped_prior
-    from trace_dspy.data import DataSource, resolve_source
+    from trace_dspy.program.emotion_prior import MIN_TRAIN, PriorError, cached_prior, cached_prior_path, shipped_prior
+    from trace_dspy.data.sources import DataSource, resolve_source
 
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=False)
     if len(source.pool) < MIN_TRAIN:

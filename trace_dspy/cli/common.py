@@ -5,39 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.config import ConfigError, ProgramConfig, read_toml
-from trace_dspy.lms import LMConfig, offline_litellm
+from trace_dspy.core.config import ConfigError, ProgramConfig, read_toml
+from trace_dspy.lm.specs import LMConfig, offline_litellm
+from trace_dspy.workflows.settings import Settings
+from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 
 KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer"}
 
 
-@dataclass
-class Settings:
-    """Everything a command reads from ``--config`` plus flags."""
-
-    program: ProgramConfig = field(default_factory=ProgramConfig)
-    lm: LMConfig = field(default_factory=LMConfig)
-    raw: dict[str, Any] = field(default_factory=dict)
-    config_path: str | None = None
-    # True when the user chose models (flags or an [lm] table): they then win
-    # over the models recorded in a loaded artifact.
-    lm_explicit: bool = False
-    # --trust-artifact-lm: use an artifact's recorded endpoint and key variable.
-    trust_artifact_lm: bool = False
-    # --timeout: also applied to the LMs a loaded artifact records.
-    timeout: float | None = None
-
-    def data_source(self, flag: str | None) -> str | None:
-        """--data wins over the [data] table's source."""
-        return flag or (self.raw.get("data") or {}).get("source")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Safe to record: holds no secrets."""
-        return {"program": self.program.to_dict(), "lm": self.lm.to_dict(), "config_file": self.config_path}
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -156,11 +134,6 @@ def fail(message: str, code: int = 2) -> int:
     return code
 
 
-def progress(iterable=None, **kwargs):
-    """A tqdm bar on an interactive terminal, silent otherwise."""
-    from tqdm import tqdm
-
-    return tqdm(iterable, disable=not sys.stderr.isatty(), file=sys.stderr, **kwargs)
 
 
 # What a status line says while each stage runs.
@@ -225,21 +198,15 @@ def existing_file(value: str) -> Path:
     return path
 
 
-def with_dspy_context(fn):
-    """Wrap ``fn`` so that worker threads see the caller's DSPy LM and adapter.
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", help="data source: ED CSV folder, JSONL file or folder, or hf:<id> "
+                                      "(default: $TRACE_DSPY_DATA, else the built-in seed set)")
+    group.add_argument("--seed", type=int, default=0, help="seed for splits and sampling (default 0)")
 
-    Threads of a plain ThreadPoolExecutor start from the global settings, not
-    from the caller's ``dspy.context``.
-    """
-    import dspy
 
-    # The LM and adapter, plus an active usage tracker so that LM calls made in
-    # the workers are counted by the caller (e.g. the compile bench).
-    overrides = {k: v for k, v in dspy.settings.config.items()
-                 if k in ("lm", "adapter") or (k == "usage_tracker" and v is not None)}
-
-    def run(*args, **kwargs):
-        with dspy.context(**overrides):
-            return fn(*args, **kwargs)
-
-    return run
+def add_tracking_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("tracking")
+    group.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db in the working dir)")
+    group.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help=f"MLflow experiment (default {DEFAULT_EXPERIMENT})")
+    group.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import logging
 import os
 import random
@@ -45,8 +44,8 @@ from pathlib import Path
 import dspy
 
 from trace_dspy.core.safety import JSONLimitError, load_json
-from trace_dspy.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
-from trace_dspy.labels import EMOTIONS
+from trace_dspy.core.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
+from trace_dspy.core.labels import EMOTIONS
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +176,7 @@ def _need(directory: Path, name: str) -> Path:
 
 
 def _seed_path() -> Path:
-    return Path(str(resources.files("trace_dspy") / "seed" / "seed_dialogues.jsonl"))
+    return Path(str(resources.files("trace_dspy.data") / "seed" / "seed_dialogues.jsonl"))
 
 
 def _load_single_jsonl_source(path: Path, *, kind: str, seed: int) -> DataSource:

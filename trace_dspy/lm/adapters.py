@@ -45,8 +45,8 @@ def make_adapter(name: str) -> dspy.Adapter:
 
 def is_constrained(lm) -> bool:
     """Does this LM enforce the reply layout with a grammar?"""
-    from trace_dspy.lms import GrammarLM
-    from trace_dspy.local_lm import LlamaEngine
+    from trace_dspy.lm.specs import GrammarLM
+    from trace_dspy.lm.engine import LlamaEngine
 
     if isinstance(lm, GrammarLM):
         return True
@@ -98,7 +98,7 @@ def plan_in_words(inputs: dict) -> str:
 
 def clean_reply(text: str) -> str:
     """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
-    from trace_dspy.local_lm import repeated_tail
+    from trace_dspy.lm.engine import repeated_tail
 
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
     line = _ROLE_PREFIX.sub("", line).strip().strip('"').strip()
@@ -143,7 +143,7 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     def format(self, signature, demos, inputs):
         if not is_reply_signature(signature):
             return super().format(signature, demos, inputs)
-        from trace_dspy.dialogue import LISTENER, parse_dialogue
+        from trace_dspy.core.dialogue import LISTENER, parse_dialogue
 
         # Compiled instructions are the writer's; the stock ones describe the field layout.
         instructions = textwrap.dedent(signature.instructions).strip()

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dspy
 
-from trace_dspy.config import STAGES, ConfigError
+from trace_dspy.core.config import STAGES, ConfigError
 
 STAGE_GROUPS: dict[str, tuple[str, ...]] = {
     "analysis": ("recognize_emotion", "infer_commonsense", "analyze_cause", "plan_strategy", "reflect"),
@@ -278,7 +278,7 @@ class GrammarLM(TraceLM):
 
     @staticmethod
     def _with_grammar(messages, kwargs):
-        from trace_dspy.local_lm import grammar_for
+        from trace_dspy.lm.engine import grammar_for
 
         if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
             last = messages[-1] if isinstance(messages[-1], dict) and messages[-1].get("role") == "user" else {}
@@ -296,7 +296,7 @@ def offline_litellm() -> None:
 def build_lm(spec: LMSpec) -> dspy.LM:
     """Build the ``dspy.LM`` a spec describes. Keys come only from the environment."""
     if spec.is_local:
-        from trace_dspy.local_lm import local_lm
+        from trace_dspy.lm.engine import local_lm
 
         path = spec.model.split(":", 1)[1] if ":" in spec.model else None
         lm = local_lm(path, cache=spec.cache, **spec.local)

@@ -742,7 +742,6 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
     The LM's name is part of DSPy's cache key, so it names the model file and
     the settings that change answers (constraints off, prefix reuse off).
     """
-    import dspy
 
     _import_llama()  # fail early with the install hint
     engine = LlamaEngine(model_path, **engine_kwargs)
@@ -751,6 +750,6 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
         name += "" if engine.constrained else "+unconstrained"
         name += "" if engine.prefix_cache else "+noreuse"
         name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
-    from trace_dspy.lms import TraceLM
+    from trace_dspy.lm.specs import TraceLM
 
     return TraceLM(name, engine=engine, cache=cache)

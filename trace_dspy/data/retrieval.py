@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from trace_dspy.config import ConfigError, from_table
-from trace_dspy.dialogue import SPEAKER, parse_dialogue
-from trace_dspy.labels import EMOTION_TO_GROUP
+from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.dialogue import SPEAKER, parse_dialogue
+from trace_dspy.core.labels import EMOTION_TO_GROUP
 
 INDEX_VERSION = 1
 

@@ -42,7 +42,7 @@ class ProgramConfig:
         the planner: ``reasoning = ["recognize_emotion", "plan_strategy"]``.
     disabled: optional stages switched off for ablations; downstream stages then
         lose the inputs that stage would have produced.
-    retrieval: exemplar retrieval (see trace_dspy.retrieval.RetrievalConfig): on by
+    retrieval: exemplar retrieval (see trace_dspy.data.retrieval.RetrievalConfig): on by
         default with k=2, used whenever the program has an index.
     commonsense: run ``infer_commonsense`` (ATOMIC-style xIntent/xNeed/xWant/xEffect/
         xReact) before the cause stage and feed it to ``analyze_cause``.
@@ -55,13 +55,13 @@ class ProgramConfig:
     reply_format: how the reply stage is asked: ``fields`` (the adapter's field
         layout, like every stage), ``chat`` (the conversation as chat turns, the
         plan in words, the reply as the plain answer; see
-        trace_dspy.adapters.ChatReplyAdapter), or ``auto``: chat for a
+        trace_dspy.lm.adapters.ChatReplyAdapter), or ``auto``: chat for a
         grammar-constrained small model (the embedded one), where it was measured
         to stop parroting (docs/benchmarks.md), fields otherwise. Artifacts saved
         before the option existed load as ``fields``, the layout they were
         compiled with.
     prior_k: how many candidate labels the fitted emotion prior (see
-        trace_dspy.core.emotion_prior) offers ``recognize_emotion``, with their
+        trace_dspy.program.emotion_prior) offers ``recognize_emotion``, with their
         probabilities; a grammar-constrained engine may only choose among them.
         0 turns the prior off. Artifacts saved before the prior existed load with 0.
     best_of: how many reply candidates the reply stage may write: the first as
@@ -90,7 +90,7 @@ class ProgramConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasoning", _stage_tuple("reasoning", self.reasoning, STAGES))
         object.__setattr__(self, "disabled", _stage_tuple("disabled", self.disabled, OPTIONAL_STAGES))
-        from trace_dspy.retrieval import RetrievalConfig
+        from trace_dspy.data.retrieval import RetrievalConfig
 
         if not isinstance(self.retrieval, RetrievalConfig):
             object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))

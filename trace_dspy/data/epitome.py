@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_dspy.labels import STRATEGIES
+from trace_dspy.core.labels import STRATEGIES
 
 ENV_VAR = "TRACE_DSPY_EPITOME"
 # EPITOME's mechanisms are TRACE's strategies, in the same order.

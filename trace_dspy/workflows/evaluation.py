@@ -1,7 +1,7 @@
 """Run a program over examples, score every reply, and summarise.
 
 ``evaluate_program`` is the library entry point used by ``python -m
-trace_dspy.evaluate`` and by the compile workflow. Every example gets one row
+trace_dspy.cli.evaluate`` and by the compile workflow. Every example gets one row
 (prediction, metric components, or the error); rows are appended to a JSONL
 file as they finish, so an interrupted run resumes where it stopped.
 """
@@ -20,10 +20,10 @@ from typing import Any
 import dspy
 from dspy.utils.usage_tracker import track_usage
 
-from trace_dspy.cli import progress, with_dspy_context
+from trace_dspy.core.console import progress, with_dspy_context
 from trace_dspy.core.safety import redact
-from trace_dspy.jsonl import AppendWriter, read_records
-from trace_dspy.lms import fresh_calls
+from trace_dspy.core.jsonl import AppendWriter, read_records
+from trace_dspy.lm.specs import fresh_calls
 from trace_dspy.optimize.metric import COMPONENTS, MECHANISMS, EmpathyMetric, collapse_check, exemplar_replies
 from trace_dspy.optimize.scorers import (
     bleu,
@@ -37,6 +37,9 @@ from trace_dspy.optimize.scorers import (
     safe_mean,
     token_f1,
 )
+
+from trace_dspy.core.config import ConfigError
+from trace_dspy.workflows.settings import Settings
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
                      "strategy", "secondary_strategy", "response", "emotion_path", "reply_rewards")
@@ -289,3 +292,71 @@ def format_table(summaries: dict[str, dict[str, Any]], keys: Sequence[str] | Non
             cells.append("-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value))
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotion", "empathy_learned", "level_ER",
+              "level_IP", "level_EX", "strategy_fit", "relevance", "grounded", "rules", "similarity", "judge",
+              "copied_rate", "parrot_rate", "emotion_acc",
+              "group_acc", "bleu1", "bleu2", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2",
+              "length", "seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue",
+              "completion_tokens_per_dialogue")
+
+
+def demo_replies(program) -> list[str]:
+    """The replies in a program's few-shot demos: what its output must not copy."""
+    out = []
+    for _, predictor in program.named_predictors():
+        for demo in predictor.demos:
+            reply = demo.get("response") if hasattr(demo, "get") else None
+            if isinstance(reply, str):
+                out.append(reply)
+    return out
+
+
+def build_metric(settings: Settings, lms=None):
+    """The empathy metric from ``[metric]``, with its judge when the judge weight is on."""
+    from trace_dspy.optimize.judge import EmpathyJudge
+    from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+
+    config = MetricConfig.from_dict(settings.raw.get("metric"))
+    judge = None
+    if config.judge > 0:
+        from trace_dspy.lm.specs import LMSet
+
+        judge = EmpathyJudge(lm=(lms or LMSet(settings.lm)).role("judge"))
+    return EmpathyMetric(config, judge=judge)
+
+
+def ablation_configs(settings: Settings, names: list[str]) -> dict[str, Any]:
+    from trace_dspy.core.config import ProgramConfig
+
+    base = settings.program.to_dict()
+    configs = {"full": settings.program}
+    for name in names:
+        if name not in ABLATIONS:
+            raise ConfigError(f"unknown ablation {name!r}; choose from {', '.join(ABLATIONS)}")
+        data = dict(base)
+        for key, value in ABLATIONS[name].items():
+            if key == "disabled":
+                data["disabled"] = sorted(set(data["disabled"]) | set(value))
+            elif key == "retrieval":
+                data["retrieval"] = {**data["retrieval"], **value}
+            else:
+                data[key] = value
+        configs[name] = ProgramConfig.from_dict(data)
+    return configs
+
+
+# Variants of the configured program for --ablation: name -> changes to [program].
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "no_cause": {"disabled": ["analyze_cause"]},
+    "no_strategy": {"disabled": ["plan_strategy"]},
+    "no_retrieval": {"retrieval": {"enabled": False}},
+    "with_commonsense": {"commonsense": True},
+    "with_reflection": {"reflection": True},
+    "fields_reply": {"reply_format": "fields"},  # the reply stage in the field layout (the default before "auto")
+    "no_prior": {"prior_k": 0},  # the emotion stage without the fitted prior's candidates
+    "best_of_1": {"best_of": 1},  # one reply (the default before best_of = "auto")
+    "best_of_2": {"best_of": 2},  # up to 2 reply candidates, the best by the reference-free metric
+    "best_of_4": {"best_of": 4},  # what "auto" gives the embedded model
+}

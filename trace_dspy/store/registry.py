@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trace_dspy.artifacts import ArtifactError
-from trace_dspy.tracking import resolve_tracking_uri
+from trace_dspy.store.artifacts import ArtifactError
+from trace_dspy.store.tracking import resolve_tracking_uri
 
 DEFAULT_MODEL = "trace-dspy"
 CHAMPION = "champion"
@@ -25,7 +25,7 @@ def _client(tracking_uri: str | None):
     import mlflow
     from mlflow import MlflowClient
 
-    from trace_dspy.tracking import _quiet_mlflow, init_store
+    from trace_dspy.store.tracking import _quiet_mlflow, init_store
 
     _quiet_mlflow()
     uri = resolve_tracking_uri(tracking_uri)
@@ -39,7 +39,7 @@ def register_version(run_id: str, artifact_uri: str, score: float, *, model: str
     """Create a registry version whose source is the run's artifact folder."""
     from mlflow.exceptions import MlflowException
 
-    from trace_dspy.tracking import store_lock
+    from trace_dspy.store.tracking import store_lock
 
     client = _client(tracking_uri)
     with store_lock(resolve_tracking_uri(tracking_uri)):  # two first compiles must not both create it

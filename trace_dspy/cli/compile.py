@@ -1,0 +1,146 @@
+"""Compile the TRACE program against the empathy metric; version, track, register.
+
+    python -m trace_dspy.compile                      # offline, embedded model, defaults
+    python -m trace_dspy.compile --optimizer gepa --prompt-lm openai/gpt-4o --train 64 --dev 32
+
+A compile evaluates the uncompiled program on dev, compiles, evaluates the
+compiled program on the same dev set, saves ``artifacts/<name>/vNNNN/``, logs
+an MLflow run (params, before/after metrics, artifacts), registers a model
+version, and moves the ``champion`` alias when the dev score beats the
+current champion's. It ends with the before/after table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+
+from trace_dspy.cli.common import add_model_args, fail, failure_rate, settings_from_args, setup_logging
+from trace_dspy.core.config import ConfigError
+from trace_dspy.data.sources import DataError
+from trace_dspy.cli.common import add_data_args, add_tracking_args
+from trace_dspy.workflows.evaluation import FailureRateExceeded
+from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig
+from trace_dspy.workflows.compile import CompileConfig, CompileFailed, _log, run_compile
+
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.compile", description=__doc__.split("\n\n")[0])
+    opt = parser.add_argument_group("optimizer")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: bootstrap (see docs/benchmarks.md)")
+    opt.add_argument("--max-demos", type=int, dest="max_bootstrapped_demos", help="bootstrapped demos per stage")
+    opt.add_argument("--max-labeled", type=int, dest="max_labeled_demos", help="labeled demos per stage")
+    opt.add_argument("--max-rounds", type=int, help="bootstrap rounds")
+    opt.add_argument("--mipro-candidates", type=int, help="MIPROv2 instruction/demo candidates")
+    opt.add_argument("--mipro-trials", type=int, help="MIPROv2 trials")
+    opt.add_argument("--gepa-max-metric-calls", type=int, help="GEPA budget in metric calls")
+    opt.add_argument("--gepa-minibatch", type=int, help="GEPA reflection minibatch size")
+    opt.add_argument("--simba-steps", type=int, help="SIMBA steps")
+    opt.add_argument("--simba-candidates", type=int, help="SIMBA candidates per step")
+    opt.add_argument("--simba-bsize", type=int, help="SIMBA minibatch size")
+    parser.add_argument("--train", type=int, help="training examples (default 16)")
+    parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
+    parser.add_argument("--name", help="artifact name (default trace-dspy)")
+    parser.add_argument("--artifacts-dir", help="artifact root (default $TRACE_DSPY_ARTIFACTS or ./artifacts)")
+    parser.add_argument("--threads", type=int, help="parallel evaluation calls (default 4)")
+    parser.add_argument("--registered-model", help="MLflow registered model (default trace-dspy)")
+    parser.add_argument("--max-failure-rate", type=failure_rate, help="stop when more dev examples fail (default 0.5)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_data_args(parser)
+    add_model_args(parser)
+    add_tracking_args(parser)
+    return parser
+
+
+def config_from_args(argv: list[str]) -> CompileConfig:
+    """Flags win over the TOML file ([optimizer] and [data] tables), which win over defaults."""
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(args)
+    opt_table = dict(settings.raw.get("optimizer") or {})
+    data_table = dict(settings.raw.get("data") or {})
+    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "mipro_candidates", "mipro_trials",
+                "gepa_max_metric_calls", "gepa_minibatch", "simba_steps", "simba_candidates", "simba_bsize"):
+        if getattr(args, key) is not None:
+            opt_table[key] = getattr(args, key)
+    if args.optimizer:
+        opt_table["name"] = args.optimizer
+    opt_table.setdefault("seed", args.seed)
+    cfg = CompileConfig(
+        settings=settings,
+        optimizer=OptimizerConfig.from_dict(opt_table),
+        data=settings.data_source(args.data),
+        train=args.train if args.train is not None else data_table.get("train", 16),
+        dev=args.dev if args.dev is not None else data_table.get("dev", 16),
+        seed=args.seed,
+        name=args.name or "trace-dspy",
+        artifacts_dir=args.artifacts_dir,
+        threads=args.threads or 4,
+        tracking_uri=args.tracking_uri,
+        experiment=args.experiment,
+        mlflow=not args.no_mlflow,
+        registered_model=args.registered_model or "trace-dspy",
+        max_failure_rate=args.max_failure_rate if args.max_failure_rate is not None else 0.5,
+        command="python -m trace_dspy.compile " + shlex.join(argv),
+        extra={"verbose": args.verbose},
+    )
+    if cfg.train < 1 or cfg.dev < 1:
+        raise ConfigError("--train and --dev must be at least 1")
+    return cfg
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = config_from_args(argv)
+    except ConfigError as exc:
+        return fail(str(exc))
+    setup_logging(cfg.extra.get("verbose", False))
+    try:
+        result = run_compile(cfg)
+    except (ConfigError, DataError, ValueError, ImportError) as exc:
+        return fail(str(exc))
+    except FailureRateExceeded as exc:  # its rows lived in a temporary folder: nothing to resume
+        return fail(f"{exc.reason} No artifact version was written.", code=1)
+    except CompileFailed as exc:
+        return fail(f"{exc} No artifact version was written.", code=1)
+    except KeyboardInterrupt:
+        _log("\ninterrupted: no artifact version was written (versions appear only when complete)")
+        return 130
+    print(result.table())
+    if result.after.get("collapsed"):
+        print(f"\nCOLLAPSED: {result.after['collapse_reason']}")
+    print(f"\nartifact: {result.artifact}")
+    if result.run_id:
+        print(f"mlflow run: {result.run_id}; registered {cfg.registered_model} version {result.registry_version}"
+              + ("; now champion" if result.promoted else "; champion unchanged"))
+    print(f"load it: trace_dspy.load('{cfg.name}@v{result.manifest['version']}')  ({result.seconds:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["build_parser", "config_from_args", "main"]

@@ -1,0 +1,226 @@
+"""Evaluate a program on EmpatheticDialogues and log the run to MLflow.
+
+    python -m trace_dspy.evaluate --program default --split test --limit 100
+    python -m trace_dspy.evaluate --program artifacts/trace-dspy/v0001 --view cem --limit 500
+
+Prints a table, writes per-example rows (``examples.jsonl``) and a summary
+(``summary.json``) to ``--output-dir``, and logs an MLflow run. Rerunning the
+same command resumes an interrupted run from its rows; ``--fresh`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from trace_dspy.cli.common import (Settings, add_model_args, fail, failure_rate, output_dir, settings_from_args,
+                            setup_logging)
+from trace_dspy.core.config import ConfigError
+from trace_dspy.data.sources import DataError, load_splits, load_test, resolve_source
+from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program, format_table
+from trace_dspy.core.jsonl import atomic_write_json
+from trace_dspy.store.tracking import log_params, mlflow_run, numeric_metrics, warn_not_logged
+from trace_dspy.workflows.evaluation import TABLE_KEYS, ablation_configs, build_metric, demo_replies
+from trace_dspy.cli.common import add_data_args, add_tracking_args
+from trace_dspy.workflows.evaluation import ABLATIONS
+
+
+
+
+
+
+
+
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.evaluate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--program", default="default",
+                        help="'default' (uncompiled), an artifact folder, a program.json, or an artifact reference")
+    parser.add_argument("--split", choices=("test", "dev"), default="test")
+    parser.add_argument("--view", choices=("trace", "cem"), default="trace", help="test view (default trace)")
+    parser.add_argument("--limit", type=int, default=100, help="number of examples, seeded sample (default 100)")
+    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--max-failure-rate", type=failure_rate, default=0.5,
+                        help="stop when more than this share of examples fails (default 0.5)")
+    parser.add_argument("--output-dir", type=output_dir, help="where rows and summary go (default runs/evaluate/<run key>)")
+    parser.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run of the same command")
+    parser.add_argument("--ablation", nargs="?", const=",".join(ABLATIONS), metavar="NAMES",
+                        help="evaluate named variants of the program on the same examples, with paired "
+                             f"bootstrap CIs against 'full' (default: all of {', '.join(ABLATIONS)})")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_data_args(parser)
+    add_model_args(parser)
+    add_tracking_args(parser)
+    return parser
+
+
+def load_examples(args, source) -> list[dspy.Example]:
+    if args.split == "test":
+        return load_test(source, view=args.view, limit=args.limit, seed=args.seed)
+    return load_splits(source, seed=args.seed, dev_size=args.limit).dev
+
+
+def run_key(parts: dict[str, Any]) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(parts["program"])).strip("-")[-40:] or "program"
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{slug}-{parts['split']}-{parts['view']}-n{parts['limit']}-{digest}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.limit is not None and args.limit < 1:
+        return fail("--limit must be at least 1")
+    try:
+        settings = settings_from_args(args)
+        source = resolve_source(settings.data_source(args.data), seed=args.seed)  # loud notice for the seed set
+        examples = load_examples(args, source)
+        from trace_dspy.store.artifacts import load_for_run
+
+        loaded = load_for_run(args.program, settings, data=source, seed=args.seed)
+        metric = build_metric(settings, loaded.lms)
+        metric.add_copy_sources(demo_replies(loaded.program))
+    except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
+        return fail(str(exc))
+
+    if args.ablation:
+        return run_ablation(args, argv, settings, source, examples, metric)
+
+    parts = {"program": args.program, "split": args.split, "view": args.view if args.split == "test" else "longest",
+             "limit": len(examples), "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict(),
+             "metric": metric.config.to_dict()}
+    out_dir = args.output_dir or Path("runs/evaluate") / run_key(parts)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = out_dir / "examples.jsonl"
+    if args.fresh and rows_path.exists():
+        rows_path.unlink()
+    print(f"evaluating {args.program} on {len(examples)} {args.split} examples ({source.kind}: {source.location}); "
+          f"rows in {rows_path}", file=sys.stderr)
+    try:
+        result = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default, threads=args.threads,
+                                  results_path=rows_path, max_failure_rate=args.max_failure_rate)
+    except FailureRateExceeded as exc:
+        return fail(str(exc), code=1)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; finished rows are in {rows_path}. Rerun the same command to resume.", file=sys.stderr)
+        return 130
+
+    summary = {**result.summary, "similarity_kind": metric.similarity_kind}
+    record = {"command": "python -m trace_dspy.evaluate " + shlex.join(argv), "run": parts, "summary": summary,
+              "data": source.describe(), "program": loaded.describe()}
+    atomic_write_json(out_dir / "summary.json", record)
+    print(format_table({args.program: summary}, [k for k in TABLE_KEYS if k in summary]))
+    print(f"similarity: {metric.similarity_kind}; rows: {rows_path}; summary: {out_dir / 'summary.json'}")
+
+    if not args.no_mlflow:
+        try:
+            with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment,
+                            run_name=f"evaluate {args.program}", tags={"trace_dspy.kind": "evaluate"}) as run:
+                import mlflow
+
+                log_params({"program_ref": args.program, "split": args.split, "view": parts["view"],
+                            "limit": len(examples), "seed": args.seed, "data": source.describe(),
+                            "config": settings.to_dict(), "metric": metric.config.to_dict()})
+                mlflow.log_metrics(numeric_metrics(summary, args.split))
+                mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
+                print(f"mlflow run {run.info.run_id}")
+        except Exception as exc:  # the results are on disk already; say so rather than lose them
+            warn_not_logged(exc, out_dir)
+    return 0
+
+
+
+
+def run_ablation(args, argv, settings: Settings, source, examples, metric) -> int:
+    """Evaluate each variant on the same examples; paired bootstrap CIs against 'full'."""
+    from dataclasses import replace
+
+    from trace_dspy.store.artifacts import load_for_run
+    from trace_dspy.optimize.scorers import paired_bootstrap_ci
+
+    if args.program != "default":
+        return fail("--ablation varies the configured program; use it with --program default")
+    try:
+        configs = ablation_configs(settings, [n for n in args.ablation.split(",") if n])
+    except ConfigError as exc:
+        return fail(str(exc))
+    parts = {"ablation": sorted(configs), "split": args.split, "view": args.view, "limit": len(examples),
+             "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict()}
+    out_dir = args.output_dir or Path("runs/ablation") / run_key({"program": "ablation", **parts})
+    results = {}
+    for name, program_config in configs.items():
+        variant = replace(settings, program=program_config)
+        loaded = load_for_run("default", variant, data=source, seed=args.seed)
+        rows_path = out_dir / name / "examples.jsonl"
+        rows_path.parent.mkdir(parents=True, exist_ok=True)
+        if args.fresh and rows_path.exists():
+            rows_path.unlink()
+        print(f"ablation {name}: {len(examples)} examples, rows in {rows_path}", file=sys.stderr)
+        try:
+            results[name] = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default,
+                                             threads=args.threads, results_path=rows_path,
+                                             max_failure_rate=args.max_failure_rate, desc=name)
+        except FailureRateExceeded as exc:
+            return fail(f"{name}: {exc}", code=1)
+    full = [r.get("score", 0.0) for r in results["full"].rows]
+
+    def component(rows, name):  # failed rows and missing parts count 0, as in the composite
+        return [0.0 if "error" in r else float((r.get("components") or {}).get(name) or 0.0) for r in rows]
+
+    lines = ["| variant | empathy | diff vs full [95% CI] | learned empathy | strategy fit | relevance | emotion_acc | "
+             "similarity | rules | Dist-2 | collapsed | failed | replies written | s/dialogue |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    table = {}
+    for name, result in results.items():
+        scores = [r.get("score", 0.0) for r in result.rows]
+        diff, low, high = paired_bootstrap_ci(scores, full, seed=args.seed)
+        summ = result.summary
+        paired = {part: list(paired_bootstrap_ci(component(result.rows, part), component(results["full"].rows, part),
+                                                 seed=args.seed))
+                  for part in ("empathy", "strategy_fit", "relevance", "emotion")}
+        table[name] = {**{k: v for k, v in summ.items() if k != "distributions"},
+                       "diff_vs_full": diff, "ci_low": low, "ci_high": high,
+                       "paired_components_vs_full": paired}
+        ci = "-" if name == "full" else f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]"
+        cells = [f"{summ[k]:.4f}" if isinstance(summ.get(k), float) else "-"
+                 for k in ("empathy_learned", "strategy_fit", "relevance", "emotion_acc", "similarity", "rules")]
+        lines.append(f"| {name} | {summ['empathy']:.4f} | {ci} | " + " | ".join(cells)
+                     + f" | {summ.get('dist2', 0):.1f} | {'yes' if summ.get('collapsed') else 'no'} | {summ['failed']} | "
+                     + f"{summ.get('reply_candidates_per_dialogue', 1.0):.2f} | {summ.get('seconds_per_dialogue', 0):.1f} |")
+    print("\n".join(lines))
+    atomic_write_json(out_dir / "ablation.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
+                                                  "run": parts, "table": table})
+    print(f"rows and ablation.json in {out_dir}")
+    if not args.no_mlflow:
+        try:
+            import mlflow
+
+            with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment, run_name="ablation",
+                            tags={"trace_dspy.kind": "ablation"}):
+                log_params({"split": args.split, "view": args.view, "limit": len(examples), "seed": args.seed,
+                            "variants": ",".join(configs)})
+                for name, row in table.items():
+                    with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment,
+                                    run_name=f"ablation {name}", tags={"trace_dspy.kind": "ablation-variant"},
+                                    nested=True):
+                        log_params({"variant": name, "program": configs[name].to_dict()})
+                        mlflow.log_metrics(numeric_metrics(row, args.split))
+                mlflow.log_artifact(str(out_dir / "ablation.json"))
+        except Exception as exc:
+            warn_not_logged(exc, out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Answer a message, or a JSONL file of dialogues, with the TRACE program.
+
+    python -m trace_dspy.respond "I failed my driving test again."
+    python -m trace_dspy.respond --show-stages "I failed my driving test again."
+    python -m trace_dspy.respond --input dialogues.jsonl --output replies.jsonl
+
+Batch input: one JSON object per line with ``turns`` (a list of turns, ending
+on the speaker) or ``dialogue`` (a string of Speaker:/Listener: lines, or a
+list), and optionally ``id`` (default: the line number). Each output line
+holds the id and either the reply with every stage's output, or the error
+for that line. A rerun skips the ids already answered and retries the
+failed ones; the file is rewritten in input order when the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import dspy
+
+from trace_dspy.cli.common import add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.core.config import ConfigError
+from trace_dspy.core.safety import terminal_safe
+from trace_dspy.core.dialogue import DialogueError
+from trace_dspy.workflows.batch import BatchError, check_batch_paths, format_stages, respond_batch
+
+# Exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
+C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
+
+
+
+
+
+
+
+# ---------------------------------------------------------------- batch
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.respond", description=__doc__.split("\n\n")[0])
+    parser.add_argument("message", nargs="*", help="the speaker's message (or a Speaker:/Listener: dialogue)")
+    parser.add_argument("--show-stages", action="store_true", help="print every stage's output")
+    parser.add_argument("--input", type=Path, help="JSONL file of dialogues to answer")
+    parser.add_argument("--output", type=Path, help="JSONL file to write replies to (with --input)")
+    parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1)")
+    parser.add_argument("--json", action="store_true", help="print the whole prediction as JSON")
+    parser.add_argument("--program", default="default",
+                        help="'default' (uncompiled) or a compiled program: trace-dspy@latest, an artifact "
+                             "folder, champion, models:/..., runs:/...")
+    parser.add_argument("--data", help="pool for retrieved exemplars (default: $TRACE_DSPY_DATA, else the seed set)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_model_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:  # Ctrl-C while the model loads, or in a one-thread batch
+        where = f"; the finished replies are in {args.output}. Rerun the same command to answer the rest" \
+            if args.input else ""
+        print(f"\ninterrupted{where}", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.input and args.message:
+        return fail("give either a message or --input, not both")
+    if bool(args.input) != bool(args.output):
+        return fail("--input and --output go together")
+    if not args.input and not args.message:
+        return fail("nothing to answer: give a message, or --input and --output")
+    if args.threads < 1:
+        return fail("--threads must be at least 1")
+    if args.input and not args.input.is_file():
+        return fail(f"no such input file: {args.input}")
+    if args.input:
+        try:
+            check_batch_paths(args.input, args.output)
+        except BatchError as exc:
+            return fail(str(exc))
+    try:
+        settings = settings_from_args(args)
+        from trace_dspy.store.artifacts import load_for_run
+
+        loaded = load_for_run(args.program, settings, data=settings.data_source(args.data), announce_seed=False)
+        program, default_lm = loaded.program, loaded.lms.default
+    except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
+        return fail(str(exc))
+
+    if args.input:
+        try:
+            report = respond_batch(program, args.input, args.output, threads=args.threads, lm=default_lm)
+        except BatchError as exc:
+            return fail(str(exc))
+        except KeyboardInterrupt:
+            if args.threads <= 1:
+                raise
+            print(f"\ninterrupted; the finished replies are in {args.output}. Rerun the same command to answer "
+                  "the rest", file=sys.stderr)
+            sys.stderr.flush()
+            # Worker threads may be inside a model call; do not wait for them (every row is already on disk).
+            os._exit(INTERRUPTED)
+        print(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
+              f"{report.failed} failed (see the 'error' field in {args.output})", file=sys.stderr)
+        return 0 if report.ok else 1
+
+    message = " ".join(args.message)
+    if message == "-":
+        # Bytes, so that undecodable input reaches the dialogue check (a clear error) in any locale.
+        raw = getattr(sys.stdin, "buffer", None)
+        message = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
+    message = message.replace("\\n", "\n")
+    from trace_dspy.cli.common import TerminalStatus, stage_status_callback, warm_up_with_status
+
+    status = TerminalStatus()
+    try:
+        if status.enabled:
+            warm_up_with_status(default_lm, status)
+        callbacks = [stage_status_callback(program, status)] if status.enabled else []
+        with dspy.context(lm=default_lm, callbacks=[*dspy.settings.callbacks, *callbacks]):
+            pred = program(dialogue=message)
+    except DialogueError as exc:
+        status.clear()
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        status.clear()
+        print("\ninterrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as exc:
+        status.clear()
+        return fail(f"the model call failed: {type(exc).__name__}: {exc}", code=1)
+    status.clear()
+    if args.json:
+        # JSON escapes C0 controls itself; C1 controls (U+0080-U+009F) are escaped too.
+        print(json.dumps(pred.toDict(), ensure_ascii=False, indent=2).translate(C1_ESCAPES))
+    elif args.show_stages:
+        print(terminal_safe(format_stages(pred)))
+    else:
+        print(terminal_safe(pred.response))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Console helpers the library shares with commands: progress bars and DSPy context for worker threads."""
+
+from __future__ import annotations
+
+import sys
+
+
+
+def progress(iterable=None, **kwargs):
+    """A tqdm bar on an interactive terminal, silent otherwise."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, disable=not sys.stderr.isatty(), file=sys.stderr, **kwargs)
+
+
+def with_dspy_context(fn):
+    """Wrap ``fn`` so that worker threads see the caller's DSPy LM and adapter.
+
+    Threads of a plain ThreadPoolExecutor start from the global settings, not
+    from the caller's ``dspy.context``.
+    """
+    import dspy
+
+    # The LM and adapter, plus an active usage tracker so that LM calls made in
+    # the workers are counted by the caller (e.g. the compile bench).
+    overrides = {k: v for k, v in dspy.settings.config.items()
+                 if k in ("lm", "adapter") or (k == "usage_tracker" and v is not None)}
+
+    def run(*args, **kwargs):
+        with dspy.context(**overrides):
+            return fn(*args, **kwargs)
+
+    return run

@@ -1,0 +1,148 @@
+from typing import Any
+from collections import Counter
+from pathlib import Path
+from dataclasses import dataclass
+import difflib
+import json
+from trace_dspy.store.artifacts import read_manifest, read_program_state, resolve_local
+
+
+
+# The scores shown by default, in this order; --json has all of them.
+SCORE_KEYS = ("empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "emotion", "rules",
+              "similarity", "relevance", "emotion_acc", "group_acc", "bleu1", "rouge_l", "dist1", "dist2")
+
+
+# Manifest fields that always differ between versions, or are shown elsewhere.
+_NOT_DIFFED = {"version", "created", "scores", "predictors"}
+
+
+@dataclass
+class Artifact:
+    ref: str
+    path: Path
+    manifest: dict[str, Any]
+    state: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"{self.manifest.get('name')}@v{self.manifest.get('version')}"
+
+    def stages(self) -> dict[str, dict[str, Any]]:
+        """name -> instructions, demos, field descriptions, in pipeline order when known."""
+        out = {}
+        for name in _pipeline_order(k for k in self.state if k != "metadata"):
+            entry = self.state.get(name) or {}
+            signature = entry.get("signature") or {}
+            out[name] = {
+                "instructions": str(signature.get("instructions", "")),
+                "demos": entry.get("demos") or [],
+                "fields": signature.get("fields") or [],
+            }
+        return out
+
+
+def _pipeline_order(names) -> list[str]:
+    from trace_dspy.core.config import STAGES
+
+    order = {s: i for i, s in enumerate(STAGES)}
+    return sorted(names, key=lambda n: (order.get(n, len(order)), n))
+
+
+def open_artifact(ref: str, *, root: str | None = None, tracking_uri: str | None = None) -> Artifact:
+    """Find an artifact by any load reference and read its two JSON files."""
+    if ref == "champion" or ref.startswith(("models:/", "runs:/")):
+        from trace_dspy.store.registry import fetch_artifact
+
+        folder = fetch_artifact(ref, tracking_uri=tracking_uri)
+    else:
+        folder = resolve_local(ref, root)
+    manifest = read_manifest(folder)
+    state = read_program_state(folder)
+    return Artifact(ref, folder, manifest, state)
+
+
+def summary(art: Artifact) -> dict[str, Any]:
+    """Everything ``inspect REF`` shows, as plain data."""
+    m = art.manifest
+    config = m.get("config") or {}
+    data = dict(m.get("data") or {})
+    ids = {k: len(data.pop(k) or []) for k in ("train_ids", "dev_ids") if k in data}
+    return {
+        "ref": art.ref,
+        "path": str(art.path),
+        "name": m.get("name"),
+        "version": m.get("version"),
+        "created": m.get("created"),
+        "optimizer": m.get("optimizer") or config.get("optimizer"),
+        "metric": m.get("metric"),
+        "scores": m.get("scores") or {},
+        "data": {**data, **{k.replace("_ids", ""): n for k, n in ids.items()}},
+        "config": {k: config.get(k) for k in ("program", "lm", "data", "run") if k in config},
+        "retrieval": m.get("retrieval"),
+        "emotion_prior": m.get("emotion_prior"),
+        "dspy": (m.get("packages") or {}).get("dspy"),
+        "packages": m.get("packages") or {},
+        "git_commit": m.get("git_commit"),
+        "mlflow": m.get("mlflow") or {},
+        "command": m.get("command"),
+        "stages": {name: {"instructions": s["instructions"], "demos": len(s["demos"])}
+                   for name, s in art.stages().items()},
+    }
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _demo_key(demo: dict[str, Any]) -> str:
+    return json.dumps(demo, sort_keys=True, ensure_ascii=False)
+
+
+def diff(a: Artifact, b: Artifact) -> dict[str, Any]:
+    """What changed from ``a`` to ``b``: stages, manifest fields, dev scores."""
+    stages_a, stages_b = a.stages(), b.stages()
+    stages: dict[str, Any] = {}
+    for name in _pipeline_order(set(stages_a) | set(stages_b)):
+        sa, sb = stages_a.get(name), stages_b.get(name)
+        if sa is None or sb is None:
+            stages[name] = {"only_in": b.label if sa is None else a.label}
+            continue
+        keys_a = Counter(_demo_key(d) for d in sa["demos"])
+        keys_b = Counter(_demo_key(d) for d in sb["demos"])
+        changed = sa["instructions"] != sb["instructions"]
+        stages[name] = {
+            "instructions_changed": changed,
+            "instructions_diff": "\n".join(difflib.unified_diff(
+                sa["instructions"].splitlines(), sb["instructions"].splitlines(),
+                fromfile=f"{a.label}/{name}", tofile=f"{b.label}/{name}", lineterm="")) if changed else "",
+            "demos": [len(sa["demos"]), len(sb["demos"])],
+            "demos_new": sum((keys_b - keys_a).values()),
+            "demos_dropped": sum((keys_a - keys_b).values()),
+            "fields_changed": sa["fields"] != sb["fields"],
+        }
+    flat_a = _flatten({k: v for k, v in a.manifest.items() if k not in _NOT_DIFFED})
+    flat_b = _flatten({k: v for k, v in b.manifest.items() if k not in _NOT_DIFFED})
+    manifest = {k: [flat_a.get(k), flat_b.get(k)] for k in sorted(set(flat_a) | set(flat_b))
+                if flat_a.get(k) != flat_b.get(k)}
+    scores = {}
+    for split in ("dev_before", "dev_after"):
+        sa = (a.manifest.get("scores") or {}).get(split) or {}
+        sb = (b.manifest.get("scores") or {}).get(split) or {}
+        scores[split] = {k: [sa.get(k), sb.get(k)] for k in sorted(set(sa) | set(sb))
+                         if isinstance(sa.get(k, sb.get(k)), (int, float))}
+    data_a, data_b = a.manifest.get("data") or {}, b.manifest.get("data") or {}
+    same_dev = (data_a.get("fingerprint") == data_b.get("fingerprint")
+                and data_a.get("dev_ids") == data_b.get("dev_ids"))
+    return {"from": summary_head(a), "to": summary_head(b), "stages": stages, "manifest": manifest,
+            "scores": scores, "same_dev_set": same_dev}
+
+
+def summary_head(art: Artifact) -> dict[str, Any]:
+    return {"ref": art.ref, "path": str(art.path), "name": art.manifest.get("name"),
+            "version": art.manifest.get("version"), "created": art.manifest.get("created")}

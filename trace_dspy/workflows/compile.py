@@ -1,0 +1,247 @@
+from typing import Any
+from dspy.utils.exceptions import DSPyError
+from pathlib import Path
+from dataclasses import dataclass
+import dspy
+from dataclasses import field
+import sys
+import tempfile
+import time
+from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
+from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+from trace_dspy.workflows.settings import Settings
+from trace_dspy.workflows.evaluation import TABLE_KEYS, build_metric, evaluate_program, format_table
+from trace_dspy.data.sources import load_splits
+
+
+
+@dataclass
+class CompileConfig:
+    """Everything a compile does, resolved from flags over the TOML file."""
+
+    settings: Settings
+    optimizer: OptimizerConfig
+    data: str | None = None
+    train: int = 16
+    dev: int = 16
+    seed: int = 0
+    name: str = "trace-dspy"
+    artifacts_dir: str | None = None
+    threads: int = 4
+    tracking_uri: str | None = None
+    experiment: str = DEFAULT_EXPERIMENT
+    mlflow: bool = True
+    registered_model: str = "trace-dspy"
+    max_failure_rate: float = 0.5
+    command: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """The config as recorded in manifests and MLflow: no secrets."""
+        return {
+            "program": self.settings.program.to_dict(),
+            "lm": self.settings.lm.to_dict(),
+            "metric": self.settings.raw.get("metric") or {},
+            "optimizer": self.optimizer.settings(),
+            "data": {"source": self.data, "train": self.train, "dev": self.dev, "seed": self.seed},
+            "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment,
+                    "registered_model": self.registered_model, "max_failure_rate": self.max_failure_rate},
+        }
+
+
+@dataclass
+class CompileResult:
+    before: dict[str, Any]
+    after: dict[str, Any]
+    artifact: Path
+    manifest: dict[str, Any]
+    run_id: str | None
+    registry_version: int | None
+    promoted: bool
+    seconds: float
+
+    def table(self) -> str:
+        keys = [k for k in TABLE_KEYS if k in self.before or k in self.after]
+        return format_table({"before": self.before, "after": self.after}, keys)
+
+
+class CompileFailed(RuntimeError):
+    """The optimizer could not finish (e.g. too many failed LM calls)."""
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_compile(cfg: CompileConfig) -> CompileResult:
+    from trace_dspy.store.artifacts import save_artifact
+    from trace_dspy.lm.specs import LMSet
+    from trace_dspy.program.pipeline import TraceProgram
+
+    started = time.perf_counter()
+    splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
+    source = splits.source
+    _log(f"data: {source.kind} {source.location}: {len(splits.train)} train, {len(splits.dev)} dev examples")
+    lms = LMSet(cfg.settings.lm)
+    from trace_dspy.data.retrieval import cached_index
+
+    retrieval = cfg.settings.program.retrieval
+    retriever = None
+    if retrieval.enabled:
+        # Exemplars come from the whole training partition (never dev), not just the sampled train set.
+        pool = load_splits(source, seed=cfg.seed).train
+        retriever = cached_index(pool, retrieval, source.fingerprint)
+    prior, prior_record = _fit_prior(cfg, source)
+    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever,
+                           emotion_prior=prior)
+    metric = build_metric(cfg.settings, lms)
+    # Training replies are what demos show the model: a dev reply that copies one scores 0.
+    metric.add_copy_sources(e.response for e in splits.train)
+    prompt_lm = lms.role("prompt")
+
+    with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp:
+        tmp = Path(tmp)
+        run_ctx = _mlflow_context(cfg)
+        with run_ctx as run:
+            _log("1/4 evaluating the uncompiled program on dev")
+            before = evaluate_program(program, splits.dev, metric, lm=lms.default, threads=cfg.threads,
+                                      results_path=tmp / "dev_before.jsonl", max_failure_rate=cfg.max_failure_rate,
+                                      desc="dev before")
+            _log(f"2/4 compiling with {cfg.optimizer.name}")
+            with dspy.context(lm=lms.default):
+                try:
+                    compiled = compile_program(cfg.optimizer, program, metric, splits.train, splits.dev,
+                                               prompt_lm=prompt_lm)
+                except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
+                    first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
+                    raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
+                                        f"{first}") from exc
+            _log("3/4 evaluating the compiled program on dev")
+            after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
+                                     results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
+                                     desc="dev after", reference_dist2=before.summary.get("dist2"))
+            if after.summary.get("collapsed"):
+                _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
+                     "it is saved, but it will not become champion")
+            _log("4/4 saving, logging and registering")
+            run_id = run.info.run_id if run is not None else None
+            registry_version = None
+            if run is not None:
+                from trace_dspy.store.registry import register_version
+
+                registry_version = register_version(run_id, run.info.artifact_uri, after.score,
+                                                    model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
+                                                    tags={"artifact_name": cfg.name})
+            manifest = {
+                "config": cfg.record(),
+                "optimizer": cfg.optimizer.settings(),
+                "metric": {"name": metric.name, "config": metric.config.to_dict(),
+                           "similarity_kind": metric.similarity_kind},
+                "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
+                "data": {**source.describe(), "train_ids": [e.sample_id for e in splits.train],
+                         "dev_ids": [e.sample_id for e in splits.dev]},
+                "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
+                           "registered_model": cfg.registered_model if run is not None else None,
+                           "registry_version": registry_version},
+                "command": cfg.command,
+                "retrieval": {**retrieval.to_dict(),
+                              "index": retriever.fingerprint if retriever is not None else None,
+                              "pool_items": len(retriever.items) if retriever is not None else 0},
+                "emotion_prior": prior_record,
+            }
+            index_dir = None
+            if retriever is not None:
+                index_dir = retriever.save(tmp / "index")
+            extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
+            if prior is not None:
+                from trace_dspy.program.emotion_prior import FILE_NAME
+
+                extra_files[FILE_NAME] = prior.save(tmp / FILE_NAME)
+            folder = save_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
+                                   extra_files=extra_files,
+                                   extra_dirs={"index": index_dir} if index_dir else None)
+            from trace_dspy.store.artifacts import read_manifest
+
+            final_manifest = read_manifest(folder)
+            promoted = False
+            if run is not None:
+                _log_run(cfg, folder, before.summary, after.summary)
+                from trace_dspy.store.registry import promote_if_better
+
+                promoted = not after.summary.get("collapsed") and promote_if_better(
+                    registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
+                import mlflow
+
+                mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
+                                 "trace_dspy.registry_version": str(registry_version),
+                                 "trace_dspy.champion": str(promoted),
+                                 "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
+    return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
+                         time.perf_counter() - started)
+
+
+def _fit_prior(cfg: CompileConfig, source):
+    """Fit the emotion prior on the training side of the pool; (None, why) when it cannot be."""
+    if cfg.settings.program.prior_k == 0:
+        return None, {"file": None, "reason": "prior_k = 0"}
+    from trace_dspy.program.emotion_prior import FILE_NAME, MIN_TRAIN, PriorError, cached_prior, shipped_prior
+
+    if len(source.pool) < MIN_TRAIN:
+        reason = f"the pool has {len(source.pool)} samples, fewer than the {MIN_TRAIN} a prior needs"
+        shipped = shipped_prior()
+        if shipped is not None:
+            _log(f"emotion prior: {reason}; using the shipped one (fitted on the ED pool, "
+                 f"dev accuracy {shipped.meta['dev_accuracy']:.3f})")
+            return shipped, {"file": FILE_NAME, "source": "shipped", **shipped.describe()}
+        _log(f"emotion prior: not fitted ({reason}); the LM decides the emotion alone")
+        return None, {"file": None, "reason": reason}
+    _log(f"emotion prior: fitting on the training side of {len(source.pool)} pool samples")
+    try:
+        prior = cached_prior(source, seed=cfg.seed)  # deterministic: a refit would give the same arrays
+    except PriorError as exc:
+        _log(f"emotion prior: not fitted ({exc}); the LM decides the emotion alone")
+        return None, {"file": None, "reason": str(exc)}
+    _log(f"emotion prior: dev accuracy {prior.meta['dev_accuracy']:.3f} (group {prior.meta['dev_group_accuracy']:.3f}) "
+         f"in {prior.meta['fit_seconds']:.0f} s")
+    return prior, {"file": FILE_NAME, "source": "fitted", **prior.describe()}
+
+
+def _scalars(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k != "distributions"}
+
+
+class _NoRun:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _mlflow_context(cfg: CompileConfig):
+    if not cfg.mlflow:
+        return _NoRun()
+    import mlflow
+
+    from trace_dspy.store.tracking import mlflow_run
+
+    ctx = mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment,
+                     run_name=f"compile {cfg.name} {cfg.optimizer.name}",
+                     tags={"trace_dspy.kind": "compile", "trace_dspy.optimizer": cfg.optimizer.name})
+    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
+                        silent=True)
+    return ctx
+
+
+def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict) -> None:
+    import mlflow
+
+    from trace_dspy.store.tracking import log_params, numeric_metrics
+
+    log_params(cfg.record())
+    metrics = {**numeric_metrics(before, "dev_before"), **numeric_metrics(after, "dev_after")}
+    for key in ("empathy", "emotion_acc", "group_acc", "similarity", "rules"):
+        if key in before and key in after:
+            metrics[f"dev_delta/{key}"] = after[key] - before[key]
+    mlflow.log_metrics(metrics)
+    mlflow.log_artifacts(str(folder), artifact_path="artifact")
