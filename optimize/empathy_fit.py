@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from trace_dspy.data.epitome import MECHANISMS, Epitome, RatedPair, split_by_post
 from trace_dspy.optimize.empathy import LEVELS, Encoder, Head, featurize, fit_head
 from trace_dspy.optimize.scorers import macro_f1, spearman
+
+from trace_dspy.data.epitome import MECHANISMS, Epitome, RatedPair, split_by_post
 
 L2_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
 ITERATIONS = 300

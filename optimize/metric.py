@@ -37,10 +37,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import dspy
-
-from trace_dspy.core.config import ConfigError, from_table
-from trace_dspy.core.dialogue import speaker_turns
-from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.optimize.scorers import (
     content_words,
     distinct_n,
@@ -51,6 +47,10 @@ from trace_dspy.optimize.scorers import (
     token_f1,
     tokenize,
 )
+
+from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.dialogue import speaker_turns
+from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
 
 log = logging.getLogger(__name__)
 _UNSET = object()

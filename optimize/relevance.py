@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from trace_dspy.optimize.empathy import normalize
 
 FEATURE_VERSION = 1

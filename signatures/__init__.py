@@ -9,8 +9,8 @@ from trace_dspy.signatures.stages import (
     STAGE_SIGNATURES,
     AnalyzeCause,
     AuditReply,
-    InferCommonsense,
     GenerateResponse,
+    InferCommonsense,
     PlanStrategy,
     RecognizeEmotion,
 )

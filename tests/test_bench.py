@@ -9,7 +9,6 @@ import pytest
 
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
-from trace_dspy.cli.bench import main
 from trace_dspy.bench.suite import (
     SingleCallProgram,
     TimedEngine,
@@ -18,6 +17,7 @@ from trace_dspy.bench.suite import (
     paper_program,
     per_example,
 )
+from trace_dspy.cli.bench import main
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.data.sources import load_test
 from trace_dspy.testing.fakes import ScriptedEngine, fake_lm, stage_of

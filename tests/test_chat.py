@@ -12,10 +12,10 @@ import pexpect
 import pytest
 
 from trace_dspy import TraceProgram
-from trace_dspy.workflows.conversation import ChatSession
 from trace_dspy.cli.chat import Repl
 from trace_dspy.data.sources import read_jsonl
 from trace_dspy.testing.fakes import fake_lm
+from trace_dspy.workflows.conversation import ChatSession
 
 FAKE_CLI = Path(__file__).with_name("fake_cli.py")
 

@@ -6,8 +6,8 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.lm.adapters import ChatReplyAdapter, clean_reply, plan_in_words
 from trace_dspy.core.config import ConfigError
+from trace_dspy.lm.adapters import ChatReplyAdapter, clean_reply, plan_in_words
 from trace_dspy.program.pipeline import stage_signature
 from trace_dspy.testing.fakes import fake_lm
 

@@ -8,18 +8,23 @@ import warnings
 
 import dspy
 import pytest
+from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig, compile_program
 
 import trace_dspy
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.store.artifacts import ArtifactError, load_reference, save_artifact, versions
 from trace_dspy.cli.compile import config_from_args, main
-from trace_dspy.workflows.compile import run_compile
 from trace_dspy.core.config import ConfigError
-from trace_dspy.optimize.metric import EmpathyMetric
-from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig, compile_program
+from trace_dspy.store.artifacts import (
+    ArtifactError,
+    load_reference,
+    save_artifact,
+    versions,
+)
 from trace_dspy.store.registry import champion, promote_if_better, register_version
 from trace_dspy.testing.fakes import fake_lm
+from trace_dspy.workflows.compile import run_compile
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.data.sources import (
     SEED_BANNER,
     DataError,
@@ -18,7 +19,6 @@ from trace_dspy.data.sources import (
     resolve_source,
     select_view,
 )
-from trace_dspy.core.labels import EMOTIONS
 
 HEADER = ",dialogue_id,turns,text,emotion,dialogue_emotion\n"
 

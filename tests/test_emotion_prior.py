@@ -11,11 +11,16 @@ import numpy as np
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.store.artifacts import ArtifactError, load_folder, save_artifact
 from trace_dspy.core.config import ConfigError
-from trace_dspy.program import emotion_prior as ep
-from trace_dspy.program.emotion_prior import EmotionPrior, PriorError, fit_prior, format_candidates
 from trace_dspy.lm.engine import grammar_for, listed_choices, output_grammar
+from trace_dspy.program import emotion_prior as ep
+from trace_dspy.program.emotion_prior import (
+    EmotionPrior,
+    PriorError,
+    fit_prior,
+    format_candidates,
+)
+from trace_dspy.store.artifacts import ArtifactError, load_folder, save_artifact
 from trace_dspy.testing.fakes import fake_lm
 
 # Each label has its own words; a sample mixes two of them with filler, so the task is learnable, not trivial.

@@ -7,15 +7,25 @@ import logging
 import dspy
 import numpy as np
 import pytest
+from conftest import required
+from trace_dspy.optimize import metric as metric_module
+from trace_dspy.optimize.empathy import (
+    NO_EMBED,
+    WEIGHTS_FILE,
+    EmpathyScorer,
+    Head,
+    ScorerError,
+)
+from trace_dspy.optimize.metric import (
+    EmpathyMetric,
+    MetricConfig,
+    collapse_check,
+    strategy_fit,
+)
 
 from trace_dspy import TraceProgram
-from trace_dspy.workflows.evaluation import evaluate_program
-from trace_dspy.optimize import metric as metric_module
-from trace_dspy.optimize.empathy import NO_EMBED, WEIGHTS_FILE, EmpathyScorer, Head, ScorerError
-from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig, collapse_check, strategy_fit
 from trace_dspy.testing.fakes import fake_lm
-
-from conftest import required
+from trace_dspy.workflows.evaluation import evaluate_program
 
 EX = dspy.Example(dialogue="Speaker: I failed my driving test again.", emotion="disappointed",
                   response="Oh no, what happened this time?").with_inputs("dialogue")

@@ -6,13 +6,17 @@ import json
 
 import dspy
 import pytest
+from trace_dspy.optimize.metric import EmpathyMetric
 
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
 from trace_dspy.cli.evaluate import main
-from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program, summarize
-from trace_dspy.optimize.metric import EmpathyMetric
 from trace_dspy.testing.fakes import fake_lm
+from trace_dspy.workflows.evaluation import (
+    FailureRateExceeded,
+    evaluate_program,
+    summarize,
+)
 
 
 def examples(n):

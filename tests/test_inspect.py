@@ -10,11 +10,11 @@ import sys
 import pytest
 
 import trace_dspy.lm.specs as lms_module
-from trace_dspy.store.artifacts import load_reference, save_artifact
 from trace_dspy.cli.compile import config_from_args
-from trace_dspy.workflows.compile import run_compile
 from trace_dspy.cli.inspect_artifact import main
+from trace_dspy.store.artifacts import load_reference, save_artifact
 from trace_dspy.testing.fakes import fake_lm
+from trace_dspy.workflows.compile import run_compile
 
 NEW_REPLY_RULES = "Answer in one warm sentence.\nName the thing the speaker lost."
 

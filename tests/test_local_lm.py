@@ -10,8 +10,8 @@ import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.lm.adapters import CompactChatAdapter
 from trace_dspy.core.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
+from trace_dspy.lm.adapters import CompactChatAdapter
 from trace_dspy.lm.engine import (
     LlamaEngine,
     LocalModelError,
@@ -287,7 +287,6 @@ def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
 def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
     """Even candidates that contradict the message bind the embedded model: the grammar allows nothing else."""
     from trace_dspy.core.config import ProgramConfig
-
     from trace_dspy.program.emotion_prior import shipped_prior
 
     program = TraceProgram(ProgramConfig(prior_k=2), emotion_prior=shipped_prior())  # the field exists with a prior

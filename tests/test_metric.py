@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dspy
 import pytest
-
-from trace_dspy import TraceProgram
-from trace_dspy.core.config import ConfigError
 from trace_dspy.optimize.judge import EmpathyJudge, PairwiseJudge
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
 from trace_dspy.optimize.scorers import token_f1
+
+from trace_dspy import TraceProgram
+from trace_dspy.core.config import ConfigError
 from trace_dspy.testing.fakes import fake_lm
 
 EX = dspy.Example(dialogue="Speaker: I lost my keys at the beach.", emotion="sad",

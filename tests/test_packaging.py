@@ -51,11 +51,17 @@ def test_wheel_maps_both_folders_under_trace_dspy(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "trace_dspy/signatures/stages.py" in names
     assert "trace_dspy/optimize/scorers.py" in names
-    assert "trace_dspy/seed/seed_dialogues.jsonl" in names
+    assert "trace_dspy/data/seed/seed_dialogues.jsonl" in names
     assert "trace_dspy/optimize/empathy_head.npz" in names  # the learned scorer's weights ship
     assert "trace_dspy/optimize/relevance_head.npz" in names  # and the relevance head's
-    assert "trace_dspy/core/emotion_prior.npz" in names  # and the shipped emotion prior
+    assert "trace_dspy/program/emotion_prior.npz" in names  # and the shipped emotion prior
     assert not any(n.startswith(("signatures/", "optimize/", "tests/")) for n in names)
+    # every module of the checkout ships: a subpackage missing from pyproject's list would be left out silently
+    for folder, prefix in (("trace_dspy", "trace_dspy/"), ("signatures", "trace_dspy/signatures/"),
+                           ("optimize", "trace_dspy/optimize/")):
+        for module in (REPO / folder).rglob("*.py"):
+            if "__pycache__" not in module.parts:
+                assert prefix + module.relative_to(REPO / folder).as_posix() in names, module
 
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)

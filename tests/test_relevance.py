@@ -5,16 +5,20 @@ from __future__ import annotations
 import dspy
 import numpy as np
 import pytest
-
-from trace_dspy import TraceProgram
-from trace_dspy.workflows.evaluation import evaluate_program
+from conftest import required
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
 from trace_dspy.optimize.relevance import (
-    WEIGHTS_FILE, RelevanceError, RelevanceHead, RelevanceScorer, contrastive_step, fit_calibration,
+    WEIGHTS_FILE,
+    RelevanceError,
+    RelevanceHead,
+    RelevanceScorer,
+    contrastive_step,
+    fit_calibration,
 )
-from trace_dspy.testing.fakes import fake_lm
 
-from conftest import required
+from trace_dspy import TraceProgram
+from trace_dspy.testing.fakes import fake_lm
+from trace_dspy.workflows.evaluation import evaluate_program
 
 
 def test_shipped_head_loads_without_pickle_and_names_its_data(tmp_path):

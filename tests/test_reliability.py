@@ -30,11 +30,17 @@ from dspy.utils.exceptions import DSPyError
 import trace_dspy
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
-from trace_dspy.store.artifacts import ArtifactError, save_artifact, versions
-from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program
 from trace_dspy.core.jsonl import read_records
+from trace_dspy.store.artifacts import ArtifactError, save_artifact, versions
+from trace_dspy.testing.fakes import (
+    FAULTS,
+    FaultyEngine,
+    ScriptedEngine,
+    fake_lm,
+    faulty_lm,
+)
 from trace_dspy.workflows.batch import respond_batch
-from trace_dspy.testing.fakes import FAULTS, FaultyEngine, ScriptedEngine, fake_lm, faulty_lm
+from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program
 
 TRANSPORT = {"timeout": 0.1, "server_error": 0.1, "rate_limit": 0.1}  # 30% retryable faults
 # No sentence-embedding model to load: token-F1 similarity, and no emotion prior (its faults are not these).

@@ -12,8 +12,8 @@ import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
 from trace_dspy.cli.respond import main
 from trace_dspy.core.jsonl import read_records
-from trace_dspy.workflows.batch import respond_batch
 from trace_dspy.testing.fakes import fake_lm
+from trace_dspy.workflows.batch import respond_batch
 
 
 def echo_responder(outputs, inputs):

@@ -7,7 +7,12 @@ import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
-from trace_dspy.data.retrieval import ExemplarIndex, RetrievalConfig, cached_index, conversation_key
+from trace_dspy.data.retrieval import (
+    ExemplarIndex,
+    RetrievalConfig,
+    cached_index,
+    conversation_key,
+)
 from trace_dspy.testing.fakes import fake_lm
 
 

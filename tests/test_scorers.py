@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from trace_dspy.optimize.judge import judge_score, pairwise_rates
 from trace_dspy.optimize.scorers import (
     auc,

@@ -27,11 +27,11 @@ import pytest
 import trace_dspy
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.store.artifacts import ArtifactError, save_artifact
-from trace_dspy.testing.server import FakeChatServer
 from trace_dspy.lm.specs import LMConfig, LMSpec, TraceLM
-from trace_dspy.workflows.batch import BatchError, respond_batch
+from trace_dspy.store.artifacts import ArtifactError, save_artifact
 from trace_dspy.testing.fakes import ScriptedEngine, fake_lm
+from trace_dspy.testing.server import FakeChatServer
+from trace_dspy.workflows.batch import BatchError, respond_batch
 
 REPO = Path(__file__).resolve().parents[1]
 NO_PRIOR = {**ProgramConfig(prior_k=0).to_dict()}
@@ -148,8 +148,8 @@ def test_every_artifact_file_is_checked_field_by_field(tmp_path):
 
 
 def test_a_damaged_retrieval_index_names_its_file(tmp_path):
-    from trace_dspy.data.sources import load_splits, resolve_source
     from trace_dspy.data.retrieval import ExemplarIndex, RetrievalConfig
+    from trace_dspy.data.sources import load_splits, resolve_source
 
     index = ExemplarIndex.build(load_splits(resolve_source(None, announce_seed=False)).train[:20], RetrievalConfig())
 
@@ -317,8 +317,9 @@ def test_failed_rows_are_asked_again_past_the_cache(tmp_path, no_cache_isolation
 
 
 def test_evaluate_redoes_failed_rows_past_the_cache(tmp_path, no_cache_isolation, monkeypatch):
-    from trace_dspy.workflows.evaluation import evaluate_program
     from trace_dspy.optimize.metric import EmpathyMetric
+
+    from trace_dspy.workflows.evaluation import evaluate_program
 
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     example = dspy.Example(dialogue="Speaker: My dog is sick.", emotion="sad", response="Oh no, is he okay?",
@@ -393,8 +394,8 @@ def test_a_hung_server_is_given_up_on_within_the_timeout(tmp_path, monkeypatch, 
 
 
 def test_credentials_in_a_base_url_never_reach_messages_or_records(tmp_path, monkeypatch, capsys):
-    from trace_dspy.core.safety import redact
     from trace_dspy.cli.respond import main
+    from trace_dspy.core.safety import redact
 
     password = "pw" + secrets.token_hex(8)
     url = f"http://alice:{password}@127.0.0.1:9/v1"  # port 9 (discard): nothing listens
@@ -482,9 +483,9 @@ def test_ctrl_c_while_answering_one_message_exits_130_without_a_traceback(tmp_pa
 
 
 def test_escape_sequences_from_the_model_or_the_user_are_shown_not_obeyed(tmp_path, monkeypatch, capsys):
-    from trace_dspy.workflows.conversation import ChatSession
     from trace_dspy.cli.chat import Repl
     from trace_dspy.cli.respond import main
+    from trace_dspy.workflows.conversation import ChatSession
 
     hostile = "Sorry to hear.\x1b]0;pwned\x07\x1b[2J\x9b31m end"
 

@@ -1,18 +1,5 @@
-"""Measure the embedded model: speed, prefix reuse, parse failures, raw llama.cpp.
-
-    python -m trace_dspy.bench_local --data ../shared/data/empathetic_dialogues --limit 100
-
-1. Runs the program on ``--limit`` ED test dialogues (TRACE view, seeded) with
-   the embedded model: seconds per dialogue, generated tokens/s, stage calls
-   that failed to parse (first attempt and final).
-2. Runs the first ``--reuse-limit`` of them again with prefix reuse switched
-   off, for the with/without comparison.
-3. Replays the exact prompts of step 1 through llama-cpp-python directly
-   (``Llama.create_completion`` on the same rendered prompt, the same number of
-   generated tokens, no grammar, no state restore): the raw llama.cpp baseline.
-
-Prints a markdown table and writes JSON with ``--output``.
-"""
+"""Embedded-model measurements: seconds per dialogue, tokens/s, prefix reuse, parse failures and the raw
+llama.cpp replay behind ``python -m trace_dspy.bench_local`` (see :mod:`trace_dspy.cli.bench_local`)."""
 
 from __future__ import annotations
 
@@ -21,8 +8,8 @@ from pathlib import Path
 
 import dspy
 
-from trace_dspy.core.console import progress
 from trace_dspy.core.config import ProgramConfig
+from trace_dspy.core.console import progress
 from trace_dspy.program.pipeline import TraceProgram
 
 
@@ -142,8 +129,8 @@ def measure_batch_logits(threads: int = 2, positions: int = 16) -> list[dict]:
     Identical greedy answers from multi-token or multi-sequence batches need
     identical logits; this checks it on the embedded model.
     """
-    import numpy as np
     import llama_cpp
+    import numpy as np
 
     from trace_dspy.lm.engine import default_model_path
 

@@ -1,31 +1,5 @@
-"""Does the empathy metric measure empathy? The validity study behind its weights.
-
-    python -m trace_dspy.metric_validity --epitome ../shared/data/epitome \\
-        --data ../shared/data/empathetic_dialogues --limit 500 --output docs/metric_validity.json
-
-Three parts:
-
-1. **Human ratings.** On the EPITOME posts held out from the scorer's fit (its
-   recorded seed and split), every reference-free component is correlated
-   (Spearman) with the human ER, IP and EX levels and their sum.
-   ``strategy_fit`` is read with the plan set to the mechanism of the column.
-2. **The scorer as a classifier** per mechanism: accuracy and macro-F1 next to
-   the majority class and the published RoBERTa bi-encoder.
-3. **Real against wrong replies on EmpatheticDialogues.** Each test item's gold
-   reply is the positive; the negatives are a bland reply, another
-   conversation's gold reply (mismatched), the speaker's own last turn
-   (parroted), one reply given to every item (constant: the gold reply of a
-   pool conversation), and that same reply when the metric knows it as a demo
-   (copied). AUC is the chance that the positive scores higher.
-
-``--search`` also grid-searches the reference-free weights (empathy,
-relevance, rules, in steps of 0.1) and the relevance floor. Mixes that reach
-AUC 0.90 against every negative come first, ranked by their Spearman with the
-human EPITOME sum; without one, the nearest (largest min(worst AUC / 0.90,
-Spearman / 0.55)). The defaults in MetricConfig come from that search; a run
-with another ``--seed`` (other ED items, another constant reply) checks them
-on items the search did not see.
-"""
+"""The metric validity study (human EPITOME ratings, the scorer as a classifier, real against wrong replies,
+the weight search) behind ``python -m trace_dspy.metric_validity`` (see :mod:`trace_dspy.cli.metric_validity`)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,5 @@
-"""Benchmarks: what the compiled program buys, what it costs, and the performance budget.
-
-    python -m trace_dspy.bench                  # the quality bench (same as `bench quality`)
-    python -m trace_dspy.bench quality --limit 200 --optimizers labeled,bootstrap
-    python -m trace_dspy.bench overhead         # framework time per stage, zero-latency fake LM
-    python -m trace_dspy.bench concurrency      # throughput by thread count, 200 ms loopback server
-    python -m trace_dspy.bench embedded         # the embedded model against raw llama.cpp
-    python -m trace_dspy.bench compile          # default compile, cold and then warm cache
-
-Every sub-command prints a markdown table, writes ``<name>.md`` and
-``<name>.json`` (numbers only, no dataset text) to ``--output-dir`` and logs an
-MLflow run to the ``trace-dspy-bench`` experiment. The quality bench compares,
-on one seeded EmpatheticDialogues test subset and one LM:
-
-- ``single_cot``: one ChainOfThought call from dialogue to emotion and reply;
-- ``trace_paper``: the staged program with instructions that restate the
-  published agents' prompts, uncompiled;
-- ``trace``: this project's TraceProgram, uncompiled;
-- ``compiled_<optimizer>``: TraceProgram compiled on the train split by each
-  optimizer given with ``--optimizers``; and any ``--artifact`` references.
-
-Each system gets the evaluation suite, paired-bootstrap 95% intervals of its
-per-example differences against the first system, and its cost per dialogue
-(LM calls, prompt and completion tokens, seconds). The same functions are the
-library API: ``run_quality``, ``measure_overhead``, ``measure_concurrency``,
-``measure_compile``.
-"""
+"""Benchmark library: the quality comparison, framework overhead, concurrency, compile cost, scorer cost and
+emotion accuracy measurements behind ``python -m trace_dspy.bench`` (see :mod:`trace_dspy.cli.bench`)."""
 
 from __future__ import annotations
 
@@ -75,9 +50,9 @@ class SingleCallProgram(dspy.Module):
         self.respond = dspy.ChainOfThought(SingleCallEmpathy)
 
     def forward(self, dialogue) -> dspy.Prediction:
-        from trace_dspy.lm.adapters import choose_adapter
         from trace_dspy.core.dialogue import normalize_dialogue
         from trace_dspy.core.labels import ekman_group
+        from trace_dspy.lm.adapters import choose_adapter
 
         text = normalize_dialogue(dialogue)
         adapter = choose_adapter("auto", dspy.settings.lm)  # the compact adapter on grammar-constrained LMs
@@ -260,8 +235,8 @@ def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], met
                 rows_dir: str | Path | None = None, max_failure_rate: float | None = 0.5, seed: int = 0,
                 run: dict[str, Any] | None = None) -> QualityReport:
     """Evaluate every system on the same examples; intervals are against ``systems[0]``."""
-    from trace_dspy.workflows.evaluation import evaluate_program
     from trace_dspy.optimize.scorers import paired_bootstrap_ci
+    from trace_dspy.workflows.evaluation import evaluate_program
 
     if not examples:
         raise ValueError("no examples to benchmark on")
@@ -606,10 +581,15 @@ def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 
     import random
 
     from trace_dspy.core.config import ProgramConfig
-    from trace_dspy.program.emotion_prior import accuracy, cached_prior, default_encoder, format_candidates
-    from trace_dspy.data.sources import partition_by_conversation, select_view
     from trace_dspy.core.dialogue import speaker_text
     from trace_dspy.core.labels import ekman_group
+    from trace_dspy.data.sources import partition_by_conversation, select_view
+    from trace_dspy.program.emotion_prior import (
+        accuracy,
+        cached_prior,
+        default_encoder,
+        format_candidates,
+    )
     from trace_dspy.program.pipeline import TraceProgram
 
     prior = cached_prior(source, seed=seed)

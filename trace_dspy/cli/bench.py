@@ -1,17 +1,67 @@
-from typing import Any
-from pathlib import Path
+"""Benchmarks: what the compiled program buys, what it costs, and the performance budget.
+
+    python -m trace_dspy.bench                  # the quality bench (same as `bench quality`)
+    python -m trace_dspy.bench quality --limit 200 --optimizers labeled,bootstrap
+    python -m trace_dspy.bench overhead         # framework time per stage, zero-latency fake LM
+    python -m trace_dspy.bench concurrency      # throughput by thread count, 200 ms loopback server
+    python -m trace_dspy.bench embedded         # the embedded model against raw llama.cpp
+    python -m trace_dspy.bench compile          # default compile, cold and then warm cache
+
+Every sub-command prints a markdown table, writes ``<name>.md`` and
+``<name>.json`` (numbers only, no dataset text) to ``--output-dir`` and logs an
+MLflow run to the ``trace-dspy-bench`` experiment. The quality bench compares,
+on one seeded EmpatheticDialogues test subset and one LM:
+
+- ``single_cot``: one ChainOfThought call from dialogue to emotion and reply;
+- ``trace_paper``: the staged program with instructions that restate the
+  published agents' prompts, uncompiled;
+- ``trace``: this project's TraceProgram, uncompiled;
+- ``compiled_<optimizer>``: TraceProgram compiled on the train split by each
+  optimizer given with ``--optimizers``; and any ``--artifact`` references.
+
+Each system gets the evaluation suite, paired-bootstrap 95% intervals of its
+per-example differences against the first system, and its cost per dialogue
+(LM calls, prompt and completion tokens, seconds). The same functions are the
+library API: ``run_quality``, ``measure_overhead``, ``measure_concurrency``,
+``measure_compile``.
+"""
+
+from __future__ import annotations
+
 import argparse
 import shlex
 import sys
 import tempfile
-from trace_dspy.bench.suite import BASE_SYSTEMS, BENCH_EXPERIMENT, CLOCKS, _flat_numbers, _machine, build_systems, compile_markdown, concurrency_markdown, emotion_markdown, log_quality_to_mlflow, measure_compile, measure_concurrency, measure_emotion, measure_overhead, measure_scorer, overhead_markdown, quality_charts, run_quality, scorer_markdown, without_cache
-from trace_dspy.workflows.settings import Settings
-from trace_dspy.core.jsonl import atomic_write_json
+from pathlib import Path
+from typing import Any
+
+from trace_dspy.bench.suite import (
+    BASE_SYSTEMS,
+    BENCH_EXPERIMENT,
+    CLOCKS,
+    _flat_numbers,
+    _machine,
+    build_systems,
+    compile_markdown,
+    concurrency_markdown,
+    emotion_markdown,
+    log_quality_to_mlflow,
+    measure_compile,
+    measure_concurrency,
+    measure_emotion,
+    measure_overhead,
+    measure_scorer,
+    overhead_markdown,
+    quality_charts,
+    run_quality,
+    scorer_markdown,
+    without_cache,
+)
 from trace_dspy.cli.common import fail, failure_rate, output_dir
 from trace_dspy.core.console import progress
+from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.store.tracking import warn_not_logged
-
-
+from trace_dspy.workflows.settings import Settings
 
 SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion")
 
@@ -43,8 +93,7 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trace_dspy.cli.common import add_model_args
-    from trace_dspy.cli.common import add_data_args, add_tracking_args
+    from trace_dspy.cli.common import add_data_args, add_model_args, add_tracking_args
 
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
@@ -126,9 +175,9 @@ def _finish(args, argv, name: str, result: dict[str, Any], table: str) -> int:
 
 def _examples_and_program(args, settings: Settings, limit: int):
     """Seeded test examples and the uncompiled program, retrieving from the same source's pool."""
-    from trace_dspy.store.artifacts import default_retriever
     from trace_dspy.data.sources import load_test, resolve_source
     from trace_dspy.program.pipeline import TraceProgram
+    from trace_dspy.store.artifacts import default_retriever
 
     source = resolve_source(settings.data_source(args.data), seed=args.seed)
     retriever = default_retriever(settings.program, source, seed=args.seed)
@@ -206,12 +255,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quality(args, argv, settings: Settings) -> int:
-    from trace_dspy.store.artifacts import default_retriever
     from trace_dspy.data.sources import load_splits, load_test, resolve_source
-    from trace_dspy.workflows.evaluation import build_metric
-    from trace_dspy.workflows.evaluation import FailureRateExceeded
     from trace_dspy.lm.specs import LMSet
     from trace_dspy.optimize.optimizers import OPTIMIZERS
+    from trace_dspy.store.artifacts import default_retriever
+    from trace_dspy.workflows.evaluation import FailureRateExceeded, build_metric
 
     if args.limit < 1:
         return fail("--limit must be at least 1")
@@ -264,8 +312,8 @@ def _quality(args, argv, settings: Settings) -> int:
 
 
 def _compile(args, argv, settings: Settings) -> int:
-    from trace_dspy.workflows.compile import CompileConfig
     from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig
+    from trace_dspy.workflows.compile import CompileConfig
 
     optimizer = OptimizerConfig.from_dict({**(settings.raw.get("optimizer") or {}),
                                            "name": args.optimizer or DEFAULT_OPTIMIZER})

@@ -1,13 +1,40 @@
-from pathlib import Path
+"""Measure the embedded model: speed, prefix reuse, parse failures, raw llama.cpp.
+
+    python -m trace_dspy.bench_local --data ../shared/data/empathetic_dialogues --limit 100
+
+1. Runs the program on ``--limit`` ED test dialogues (TRACE view, seeded) with
+   the embedded model: seconds per dialogue, generated tokens/s, stage calls
+   that failed to parse (first attempt and final).
+2. Runs the first ``--reuse-limit`` of them again with prefix reuse switched
+   off, for the with/without comparison.
+3. Replays the exact prompts of step 1 through llama-cpp-python directly
+   (``Llama.create_completion`` on the same rendered prompt, the same number of
+   generated tokens, no grammar, no state restore): the raw llama.cpp baseline.
+
+Prints a markdown table and writes JSON with ``--output``.
+"""
+
+from __future__ import annotations
+
 import argparse
 import json
 import platform
 import sys
-from trace_dspy.core.config import ProgramConfig
-from trace_dspy.bench.local import _write_record, measure_batch_logits, measure_batching, measure_best_of, measure_guard, measure_profile, run_program, run_raw
-from trace_dspy.data.sources import load_test
-from trace_dspy.cli.common import setup_logging
+from pathlib import Path
 
+from trace_dspy.bench.local import (
+    _write_record,
+    measure_batch_logits,
+    measure_batching,
+    measure_best_of,
+    measure_guard,
+    measure_profile,
+    run_program,
+    run_raw,
+)
+from trace_dspy.cli.common import setup_logging
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.data.sources import load_test
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_local") -> int:
@@ -51,9 +78,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
         _write_record(args.output, command, machine, {"batch_logits": rows})
         return 0
     if args.guard or args.profile:
-        from trace_dspy.store.artifacts import load_for_run
         from trace_dspy.cli.common import Settings
         from trace_dspy.data.sources import resolve_source
+        from trace_dspy.store.artifacts import load_for_run
 
         source = resolve_source(args.data, seed=args.seed)
         examples = load_test(source, view="trace", limit=args.limit, seed=args.seed)

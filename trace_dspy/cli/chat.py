@@ -27,11 +27,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-
-from trace_dspy.cli.common import add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.cli.common import (
+    add_model_args,
+    fail,
+    settings_from_args,
+    setup_logging,
+)
 from trace_dspy.core.config import ConfigError
-from trace_dspy.core.safety import redact, terminal_safe
 from trace_dspy.core.dialogue import DialogueError
+from trace_dspy.core.safety import redact, terminal_safe
 from trace_dspy.workflows.conversation import ChatSession
 
 HELP = """commands:
@@ -179,7 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(ref: str | None, settings, data):
-    from trace_dspy.store.artifacts import DEFAULT_NAME, load_for_run, search_roots, versions
+    from trace_dspy.store.artifacts import (
+        DEFAULT_NAME,
+        load_for_run,
+        search_roots,
+        versions,
+    )
 
     if ref is None:
         have_compiled = any(versions(DEFAULT_NAME, root) for root in search_roots())

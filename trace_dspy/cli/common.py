@@ -10,8 +10,8 @@ from typing import Any
 
 from trace_dspy.core.config import ConfigError, ProgramConfig, read_toml
 from trace_dspy.lm.specs import LMConfig, offline_litellm
-from trace_dspy.workflows.settings import Settings
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
+from trace_dspy.workflows.settings import Settings
 
 KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer"}
 

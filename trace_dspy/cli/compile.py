@@ -16,16 +16,20 @@ import argparse
 import shlex
 import sys
 
-
-from trace_dspy.cli.common import add_model_args, fail, failure_rate, settings_from_args, setup_logging
+from trace_dspy.cli.common import (
+    add_data_args,
+    add_model_args,
+    add_tracking_args,
+    fail,
+    failure_rate,
+    settings_from_args,
+    setup_logging,
+)
 from trace_dspy.core.config import ConfigError
 from trace_dspy.data.sources import DataError
-from trace_dspy.cli.common import add_data_args, add_tracking_args
-from trace_dspy.workflows.evaluation import FailureRateExceeded
 from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig
 from trace_dspy.workflows.compile import CompileConfig, CompileFailed, _log, run_compile
-
-
+from trace_dspy.workflows.evaluation import FailureRateExceeded
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,25 +21,36 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.cli.common import (Settings, add_model_args, fail, failure_rate, output_dir, settings_from_args,
-                            setup_logging)
+from trace_dspy.cli.common import (
+    Settings,
+    add_data_args,
+    add_model_args,
+    add_tracking_args,
+    fail,
+    failure_rate,
+    output_dir,
+    settings_from_args,
+    setup_logging,
+)
 from trace_dspy.core.config import ConfigError
-from trace_dspy.data.sources import DataError, load_splits, load_test, resolve_source
-from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program, format_table
 from trace_dspy.core.jsonl import atomic_write_json
-from trace_dspy.store.tracking import log_params, mlflow_run, numeric_metrics, warn_not_logged
-from trace_dspy.workflows.evaluation import TABLE_KEYS, ablation_configs, build_metric, demo_replies
-from trace_dspy.cli.common import add_data_args, add_tracking_args
-from trace_dspy.workflows.evaluation import ABLATIONS
-
-
-
-
-
-
-
-
-
+from trace_dspy.data.sources import DataError, load_splits, load_test, resolve_source
+from trace_dspy.store.tracking import (
+    log_params,
+    mlflow_run,
+    numeric_metrics,
+    warn_not_logged,
+)
+from trace_dspy.workflows.evaluation import (
+    ABLATIONS,
+    TABLE_KEYS,
+    FailureRateExceeded,
+    ablation_configs,
+    build_metric,
+    demo_replies,
+    evaluate_program,
+    format_table,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,8 +157,8 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
     """Evaluate each variant on the same examples; paired bootstrap CIs against 'full'."""
     from dataclasses import replace
 
-    from trace_dspy.store.artifacts import load_for_run
     from trace_dspy.optimize.scorers import paired_bootstrap_ci
+    from trace_dspy.store.artifacts import load_for_run
 
     if args.program != "default":
         return fail("--ablation varies the configured program; use it with --program default")

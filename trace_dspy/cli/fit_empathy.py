@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging()
-    from trace_dspy.data.epitome import EpitomeError, load_epitome
     from trace_dspy.core.jsonl import atomic_write_json
+    from trace_dspy.data.epitome import EpitomeError, load_epitome
     from trace_dspy.optimize.empathy import WEIGHTS_FILE, Head, ScorerError
     from trace_dspy.optimize.empathy_fit import fit_epitome, format_fit_table
     from trace_dspy.optimize.similarity import MISSING_EMBED, get_embedder

@@ -1,7 +1,18 @@
-from pathlib import Path
-import json
-from trace_dspy.program.emotion_prior import PriorError, SHIPPED, fit_from_source
+"""Refit the emotion prior shipped with the package, or write one elsewhere.
 
+    python -m trace_dspy.fit_prior --data ../shared/data/empathetic_dialogues
+    python -m trace_dspy.fit_prior --data ../shared/data/empathetic_dialogues --output /tmp/prior.npz
+
+The prior is fitted on the training side of the data source's pool (never its test split); the L2
+strength is picked on the dev side. See :mod:`trace_dspy.program.emotion_prior`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trace_dspy.program.emotion_prior import SHIPPED, PriorError, fit_from_source
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trace_dspy.data.sources import DataError, resolve_source
 
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.program.emotion_prior",
-                                     description="fit the emotion prior on a data source's pool (never its test split)")
+    parser = argparse.ArgumentParser(prog="python -m trace_dspy.fit_prior",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="an ED folder (valid.csv, test.csv) or another data source")
     parser.add_argument("--seed", type=int, default=0, help="the train/dev split seed (default 0)")
     parser.add_argument("--output", type=Path, default=SHIPPED, help=f"where to write it (default {SHIPPED})")

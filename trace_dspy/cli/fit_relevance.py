@@ -74,9 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging()
-    from trace_dspy.data.sources import DataError, resolve_source
     from trace_dspy.core.jsonl import atomic_write_json
-    from trace_dspy.optimize.relevance import WEIGHTS_FILE, RelevanceError, RelevanceHead, RelevanceScorer, fit_pool
+    from trace_dspy.data.sources import DataError, resolve_source
+    from trace_dspy.optimize.relevance import (
+        WEIGHTS_FILE,
+        RelevanceError,
+        RelevanceHead,
+        RelevanceScorer,
+        fit_pool,
+    )
     from trace_dspy.optimize.similarity import MISSING_EMBED, get_embedder
 
     if args.limit is not None and args.limit < 100:

@@ -26,15 +26,13 @@ from typing import Any
 from trace_dspy.store.artifacts import (
     ArtifactError,
 )
-from trace_dspy.store.inspection import SCORE_KEYS, Artifact, diff, open_artifact, summary
-
-
-
-
-
-
-
-
+from trace_dspy.store.inspection import (
+    SCORE_KEYS,
+    Artifact,
+    diff,
+    open_artifact,
+    summary,
+)
 
 # ---------------------------------------------------------------- one artifact
 

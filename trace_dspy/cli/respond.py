@@ -22,11 +22,21 @@ from pathlib import Path
 
 import dspy
 
-from trace_dspy.cli.common import add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.cli.common import (
+    add_model_args,
+    fail,
+    settings_from_args,
+    setup_logging,
+)
 from trace_dspy.core.config import ConfigError
-from trace_dspy.core.safety import terminal_safe
 from trace_dspy.core.dialogue import DialogueError
-from trace_dspy.workflows.batch import BatchError, check_batch_paths, format_stages, respond_batch
+from trace_dspy.core.safety import terminal_safe
+from trace_dspy.workflows.batch import (
+    BatchError,
+    check_batch_paths,
+    format_stages,
+    respond_batch,
+)
 
 # Exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 INTERRUPTED = 130
@@ -135,7 +145,11 @@ def _run(args: argparse.Namespace) -> int:
         raw = getattr(sys.stdin, "buffer", None)
         message = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
     message = message.replace("\\n", "\n")
-    from trace_dspy.cli.common import TerminalStatus, stage_status_callback, warm_up_with_status
+    from trace_dspy.cli.common import (
+        TerminalStatus,
+        stage_status_callback,
+        warm_up_with_status,
+    )
 
     status = TerminalStatus()
     try:

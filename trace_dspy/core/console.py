@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 
-
 def progress(iterable=None, **kwargs):
     """A tqdm bar on an interactive terminal, silent otherwise."""
     from tqdm import tqdm

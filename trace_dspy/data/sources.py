@@ -43,9 +43,9 @@ from pathlib import Path
 
 import dspy
 
-from trace_dspy.core.safety import JSONLimitError, load_json
 from trace_dspy.core.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
 from trace_dspy.core.labels import EMOTIONS
+from trace_dspy.core.safety import JSONLimitError, load_json
 
 log = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ def make_adapter(name: str) -> dspy.Adapter:
 
 def is_constrained(lm) -> bool:
     """Does this LM enforce the reply layout with a grammar?"""
-    from trace_dspy.lm.specs import GrammarLM
     from trace_dspy.lm.engine import LlamaEngine
+    from trace_dspy.lm.specs import GrammarLM
 
     if isinstance(lm, GrammarLM):
         return True

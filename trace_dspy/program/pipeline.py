@@ -16,12 +16,10 @@ from contextlib import nullcontext
 
 import dspy
 
-from trace_dspy.lm.adapters import chat_reply_adapter, choose_adapter, is_constrained
-from trace_dspy.core.config import ProgramConfig
-from trace_dspy.core.dialogue import normalize_dialogue
+from trace_dspy.core.config import STAGES, ProgramConfig
+from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
 from trace_dspy.core.labels import ekman_group
-from trace_dspy.core.config import STAGES
-from trace_dspy.core.dialogue import speaker_text
+from trace_dspy.lm.adapters import chat_reply_adapter, choose_adapter, is_constrained
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}

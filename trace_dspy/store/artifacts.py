@@ -494,8 +494,8 @@ def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announ
     """The exemplar index over the training pool of ``data`` (cached by fingerprint)."""
     if not config.retrieval.enabled:
         return None
-    from trace_dspy.data.sources import DataSource, load_splits, resolve_source
     from trace_dspy.data.retrieval import cached_index
+    from trace_dspy.data.sources import DataSource, load_splits, resolve_source
 
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=announce_seed)
     splits = load_splits(source, seed=seed)
@@ -514,8 +514,14 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
         return None
     import sys
 
-    from trace_dspy.program.emotion_prior import MIN_TRAIN, PriorError, cached_prior, cached_prior_path, shipped_prior
     from trace_dspy.data.sources import DataSource, resolve_source
+    from trace_dspy.program.emotion_prior import (
+        MIN_TRAIN,
+        PriorError,
+        cached_prior,
+        cached_prior_path,
+        shipped_prior,
+    )
 
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=False)
     if len(source.pool) < MIN_TRAIN:

@@ -1,12 +1,15 @@
-from typing import Any
-from collections import Counter
-from pathlib import Path
-from dataclasses import dataclass
+"""What a compiled artifact holds, and what changed between two artifacts, as data (the command prints it)."""
+
+from __future__ import annotations
+
 import difflib
 import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 from trace_dspy.store.artifacts import read_manifest, read_program_state, resolve_local
-
-
 
 # The scores shown by default, in this order; --json has all of them.
 SCORE_KEYS = ("empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "emotion", "rules",

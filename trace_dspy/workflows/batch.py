@@ -1,14 +1,18 @@
-from typing import Any
-from pathlib import Path
+"""Answer a JSONL file of dialogues: validated input rows, resumable output that only gains rows, threads."""
+
+from __future__ import annotations
+
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
 import dspy
-import os
-from trace_dspy.core.jsonl import AppendWriter, atomic_write_lines, read_records
-from trace_dspy.core.dialogue import DialogueError
+
 from trace_dspy.core.console import progress, with_dspy_context
-
-
+from trace_dspy.core.dialogue import DialogueError
+from trace_dspy.core.jsonl import AppendWriter, atomic_write_lines, read_records
 
 STAGE_FIELDS = (
     "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
@@ -126,8 +130,8 @@ def respond_batch(
     """
     from contextlib import nullcontext
 
-    from trace_dspy.core.safety import redact
     from trace_dspy.core.jsonl import ForeignFileError
+    from trace_dspy.core.safety import redact
     from trace_dspy.lm.specs import fresh_calls
 
     input_path, output_path = Path(input_path), Path(output_path)

@@ -1,18 +1,27 @@
-from typing import Any
-from dspy.utils.exceptions import DSPyError
-from pathlib import Path
-from dataclasses import dataclass
-import dspy
-from dataclasses import field
+"""Compile the TRACE program: split the data, fit the artifact's components, optimize, evaluate, save, track."""
+
+from __future__ import annotations
+
 import sys
 import tempfile
 import time
-from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
-from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
-from trace_dspy.workflows.settings import Settings
-from trace_dspy.workflows.evaluation import TABLE_KEYS, build_metric, evaluate_program, format_table
-from trace_dspy.data.sources import load_splits
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import dspy
+from dspy.utils.exceptions import DSPyError
+
+from trace_dspy.data.sources import load_splits
+from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
+from trace_dspy.workflows.evaluation import (
+    TABLE_KEYS,
+    build_metric,
+    evaluate_program,
+    format_table,
+)
+from trace_dspy.workflows.settings import Settings
 
 
 @dataclass
@@ -74,9 +83,9 @@ def _log(message: str) -> None:
 
 
 def run_compile(cfg: CompileConfig) -> CompileResult:
-    from trace_dspy.store.artifacts import save_artifact
     from trace_dspy.lm.specs import LMSet
     from trace_dspy.program.pipeline import TraceProgram
+    from trace_dspy.store.artifacts import save_artifact
 
     started = time.perf_counter()
     splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
@@ -184,7 +193,13 @@ def _fit_prior(cfg: CompileConfig, source):
     """Fit the emotion prior on the training side of the pool; (None, why) when it cannot be."""
     if cfg.settings.program.prior_k == 0:
         return None, {"file": None, "reason": "prior_k = 0"}
-    from trace_dspy.program.emotion_prior import FILE_NAME, MIN_TRAIN, PriorError, cached_prior, shipped_prior
+    from trace_dspy.program.emotion_prior import (
+        FILE_NAME,
+        MIN_TRAIN,
+        PriorError,
+        cached_prior,
+        shipped_prior,
+    )
 
     if len(source.pool) < MIN_TRAIN:
         reason = f"the pool has {len(source.pool)} samples, fewer than the {MIN_TRAIN} a prior needs"

@@ -1,12 +1,16 @@
-from typing import Any
-from pathlib import Path
-from dataclasses import dataclass
-import dspy
-from dataclasses import field
+"""One conversation with a program: the turns so far, the next reply, and a transcript that can be saved."""
+
+from __future__ import annotations
+
 import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dspy
+
 from trace_dspy.core.jsonl import atomic_write_lines
 from trace_dspy.workflows.batch import stage_outputs
-
 
 
 @dataclass

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +20,18 @@ from typing import Any
 import dspy
 from dspy.utils.usage_tracker import track_usage
 
+from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import progress, with_dspy_context
-from trace_dspy.core.safety import redact
 from trace_dspy.core.jsonl import AppendWriter, read_records
+from trace_dspy.core.safety import redact
 from trace_dspy.lm.specs import fresh_calls
-from trace_dspy.optimize.metric import COMPONENTS, MECHANISMS, EmpathyMetric, collapse_check, exemplar_replies
+from trace_dspy.optimize.metric import (
+    COMPONENTS,
+    MECHANISMS,
+    EmpathyMetric,
+    collapse_check,
+    exemplar_replies,
+)
 from trace_dspy.optimize.scorers import (
     bleu,
     distinct_n,
@@ -37,8 +44,6 @@ from trace_dspy.optimize.scorers import (
     safe_mean,
     token_f1,
 )
-
-from trace_dspy.core.config import ConfigError
 from trace_dspy.workflows.settings import Settings
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",

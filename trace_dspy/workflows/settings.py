@@ -9,7 +9,6 @@ from trace_dspy.core.config import ProgramConfig
 from trace_dspy.lm.specs import LMConfig
 
 
-
 @dataclass
 class Settings:
     """Everything a command reads from ``--config`` plus flags."""
