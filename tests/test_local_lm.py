@@ -123,7 +123,7 @@ def test_engine_pickles_and_saves_settings_only():
 
 @pytest.fixture(scope="module")
 def smol(local_model):
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     return local_lm(cache=False)
 
@@ -146,7 +146,7 @@ def test_program_runs_on_the_embedded_model(smol):
 
 @pytest.mark.slow
 def test_deterministic_thread_safe_and_loaded_once(smol):
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     # Greedy only: sampled Best-of-N candidates differ on purpose when a prompt repeats.
     program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))
@@ -177,7 +177,7 @@ def test_deterministic_thread_safe_and_loaded_once(smol):
 @pytest.mark.slow
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     lm = local_lm(cache=False, prefix_cache=prefix_cache)
     program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))  # greedy, as above
@@ -190,7 +190,7 @@ def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
 
 @pytest.mark.slow
 def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=True)
     try:
@@ -208,7 +208,7 @@ def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
 @pytest.mark.slow
 def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     """The top-token grammar check must pick exactly what full-vocabulary masking picks."""
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     fast = local_lm(cache=False, fast_greedy=True, loop_guard=False)  # the guard changes answers on purpose
     slow = local_lm(cache=False, fast_greedy=False)
@@ -227,7 +227,8 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
 @pytest.mark.slow
 def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_model):
     """Greedy SmolLM2 repeats "This is a very bad thing." until the length cap; the guard stops it."""
-    from trace_dspy.lm.engine import local_lm, repeated_tail
+    from trace_dspy.lm.engine import repeated_tail
+    from trace_dspy.lm.specs import local_lm
 
     dialogue = "Speaker: My roommate keeps eating my food."
     program = TraceProgram(ProgramConfig(best_of=1))
@@ -248,7 +249,7 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
 @pytest.mark.slow
 def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_model):
     """Best-of-N sends the same request N times; a fixed seed would return one candidate N times."""
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     def candidates():
         lm = local_lm(cache=False)

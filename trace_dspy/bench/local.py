@@ -15,7 +15,7 @@ from trace_dspy.program.pipeline import TraceProgram
 
 def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, fast_greedy: bool = True,
                 loop_guard: bool = True, retriever=None) -> dict:
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     lm = local_lm(cache=False, prefix_cache=prefix_cache, fast_greedy=fast_greedy, loop_guard=loop_guard)
     program = TraceProgram(program_config, retriever=retriever)
@@ -90,7 +90,7 @@ def measure_profile(examples, retriever=None) -> dict:
     """Where the engine's time goes: prompt tokens read in batches against tokens generated one by one."""
     import llama_cpp
 
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     config = ProgramConfig()
     lm = local_lm(cache=False)
@@ -253,7 +253,7 @@ def measure_best_of(examples, sizes=(1, 2, 4), threads: int | None = None) -> li
     never reaches its threshold, so all N candidates are drawn: the cost of the
     worst case.
     """
-    from trace_dspy.lm.engine import local_lm
+    from trace_dspy.lm.specs import local_lm
 
     kwargs = {} if threads is None else {"n_threads": threads}
     with dspy.context(lm=local_lm(cache=False, **kwargs)):  # load the model and the stages' prefixes first

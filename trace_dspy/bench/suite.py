@@ -18,8 +18,8 @@ from typing import Any
 import dspy
 from dspy.utils.callback import BaseCallback
 
-from trace_dspy.cli.common import Settings
 from trace_dspy.core.console import progress, with_dspy_context
+from trace_dspy.workflows.settings import Settings
 
 BENCH_EXPERIMENT = "trace-dspy-bench"
 BASE_SYSTEMS = ("single_cot", "trace_paper", "trace")

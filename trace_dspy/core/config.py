@@ -9,7 +9,7 @@ TOML config file.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,30 @@ AUTO_BEST_OF = 4
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Exemplar retrieval for the planner and writer (used by :mod:`trace_dspy.data.retrieval`)."""
+
+    enabled: bool = True
+    k: int = 2
+    filter_by_group: bool = True
+    # "dialogue": index the conversation text; "situation" uses the situation when the data has one.
+    text: str = "dialogue"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= 8:
+            raise ConfigError("retrieval k must be between 1 and 8")
+        if self.text not in ("dialogue", "situation"):
+            raise ConfigError("retrieval text must be 'dialogue' or 'situation'")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RetrievalConfig:
+        return from_table(cls, data, "retrieval")
 
 
 @dataclass(frozen=True)
@@ -81,7 +105,7 @@ class ProgramConfig:
     prior_k: int = 5
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
-    retrieval: Any = None  # RetrievalConfig; a dict is accepted
+    retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
     commonsense: bool = False
     reflection: bool = False
     reflection_rounds: int = 2
@@ -90,8 +114,6 @@ class ProgramConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "reasoning", _stage_tuple("reasoning", self.reasoning, STAGES))
         object.__setattr__(self, "disabled", _stage_tuple("disabled", self.disabled, OPTIONAL_STAGES))
-        from trace_dspy.data.retrieval import RetrievalConfig
-
         if not isinstance(self.retrieval, RetrievalConfig):
             object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))
         if self.adapter not in ADAPTER_CHOICES:

@@ -23,39 +23,18 @@ import json
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.config import ConfigError, RetrievalConfig
 from trace_dspy.core.dialogue import SPEAKER, parse_dialogue
 from trace_dspy.core.labels import EMOTION_TO_GROUP
 
+__all__ = ["ConfigError", "ExemplarIndex", "RetrievalConfig"]  # RetrievalConfig lives in core.config
+
 INDEX_VERSION = 1
-
-
-@dataclass(frozen=True)
-class RetrievalConfig:
-    enabled: bool = True
-    k: int = 2
-    filter_by_group: bool = True
-    # "dialogue": index the conversation text; "situation" uses the situation when the data has one.
-    text: str = "dialogue"
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.k <= 8:
-            raise ConfigError("retrieval k must be between 1 and 8")
-        if self.text not in ("dialogue", "situation"):
-            raise ConfigError("retrieval text must be 'dialogue' or 'situation'")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> RetrievalConfig:
-        return from_table(cls, data, "retrieval")
 
 
 def conversation_key(dialogue: str) -> str:

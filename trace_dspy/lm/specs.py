@@ -36,6 +36,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -293,11 +294,29 @@ def offline_litellm() -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | None = None,
+             **engine_kwargs) -> Any:
+    """A ``dspy.LM`` backed by the embedded model.
+
+    The LM's name is part of DSPy's cache key, so it names the model file and
+    the settings that change answers (constraints off, prefix reuse off).
+    """
+
+    from trace_dspy.lm.engine import DEFAULT_MODEL_NAME, LlamaEngine, import_llama
+
+    import_llama()  # fail early with the install hint
+    engine = LlamaEngine(model_path, **engine_kwargs)
+    if name is None:
+        name = DEFAULT_MODEL_NAME if model_path is None else "local/" + Path(model_path).stem.lower()
+        name += "" if engine.constrained else "+unconstrained"
+        name += "" if engine.prefix_cache else "+noreuse"
+        name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
+    return TraceLM(name, engine=engine, cache=cache)
+
+
 def build_lm(spec: LMSpec) -> dspy.LM:
     """Build the ``dspy.LM`` a spec describes. Keys come only from the environment."""
     if spec.is_local:
-        from trace_dspy.lm.engine import local_lm
-
         path = spec.model.split(":", 1)[1] if ":" in spec.model else None
         lm = local_lm(path, cache=spec.cache, **spec.local)
         lm.kwargs["temperature"] = spec.temperature

@@ -30,6 +30,7 @@ import dspy
 
 from trace_dspy.core.config import ConfigError, ProgramConfig
 from trace_dspy.lm.specs import LMConfig, LMSet
+from trace_dspy.store.errors import ArtifactError
 
 SCHEMA_VERSION = 1
 ENV_ROOT = "TRACE_DSPY_ARTIFACTS"
@@ -37,20 +38,6 @@ DEFAULT_NAME = "trace-dspy"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
 REQUIRED_MANIFEST_KEYS = ("schema_version", "name", "version", "created", "config", "predictors")
-
-
-class ArtifactError(ValueError):
-    """An artifact reference cannot be resolved, or its files are damaged.
-
-    ``ArtifactError(message)``, or ``ArtifactError(file, field, reason)`` when
-    one field of one file is wrong; then ``file``, ``field`` and ``reason`` are
-    set and the message reads ``file: field: reason``.
-    """
-
-    def __init__(self, file_or_message: Any, field: str | None = None, reason: str | None = None):
-        self.file = str(file_or_message) if reason is not None else None
-        self.field, self.reason = field, reason
-        super().__init__(f"{file_or_message}: {field}: {reason}" if reason is not None else str(file_or_message))
 
 
 # The flag (and keyword) that lets an artifact's recorded endpoint and key variable be used.

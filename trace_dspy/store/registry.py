@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trace_dspy.store.artifacts import ArtifactError
+from trace_dspy.store.errors import ArtifactError
 from trace_dspy.store.tracking import resolve_tracking_uri
 
 DEFAULT_MODEL = "trace-dspy"
