@@ -51,6 +51,7 @@ from trace_dspy.optimize.scorers import (
 from trace_dspy.core.config import ConfigError, from_table
 from trace_dspy.core.dialogue import speaker_turns
 from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
+from trace_dspy.core.stages import REGISTRY
 
 log = logging.getLogger(__name__)
 _UNSET = object()
@@ -134,13 +135,7 @@ class Scored:
 
 
 # Which notes each stage can act on (GEPA reflects on one predictor at a time).
-_STAGE_NOTES = {
-    "recognize_emotion": {"emotion"},
-    "analyze_cause": {"detail", "emotion"},
-    "plan_strategy": {"strategy", "empathy", "judge", "similarity"},
-    "generate_response": {"length", "detail", "advice", "parrot", "copy", "unrelated", "strategy", "empathy",
-                          "similarity", "judge", "empty"},
-}
+_STAGE_NOTES = {s.name: set(s.notes) for s in REGISTRY if s.notes}
 
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()

@@ -12,6 +12,7 @@ from typing import Literal
 import dspy
 
 from trace_dspy.core.labels import CauseCategory, EmotionLabel, Strategy
+from trace_dspy.core.stages import AUDITABLE_STAGES, REGISTRY
 
 _DIALOGUE_DESC = (
     "The conversation so far, one 'Speaker:' or 'Listener:' line per turn; "
@@ -86,16 +87,6 @@ class GenerateResponse(dspy.Signature):
     response: str = dspy.OutputField(desc="The reply: one or two sentences, no unsolicited advice.")
 
 
-# Stage name -> signature, in pipeline order. The names are the program's
-# predictor attribute names and therefore the compiled artifact's schema.
-STAGE_SIGNATURES: dict[str, type[dspy.Signature]] = {
-    "recognize_emotion": RecognizeEmotion,
-    "analyze_cause": AnalyzeCause,
-    "plan_strategy": PlanStrategy,
-    "generate_response": GenerateResponse,
-}
-
-
 # ---------------------------------------------------------------- optional stages
 
 
@@ -114,7 +105,7 @@ class InferCommonsense(dspy.Signature):
     x_react: str = dspy.OutputField(desc="How the speaker feels inside about it.")
 
 
-AuditTarget = Literal["none", "recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
+AuditTarget = Literal[("none", *AUDITABLE_STAGES)]  # type: ignore[valid-type]
 
 
 class AuditReply(dspy.Signature):
@@ -140,7 +131,8 @@ class AuditReply(dspy.Signature):
     critique: str = dspy.OutputField(desc="One sentence: what the redone stage must change.")
 
 
-OPTIONAL_SIGNATURES: dict[str, type[dspy.Signature]] = {
-    "infer_commonsense": InferCommonsense,
-    "reflect": AuditReply,
-}
+# Stage name -> signature, in pipeline order, from the stage registry (trace_dspy.core.stages). The names are
+# the program's predictor attribute names and therefore the compiled artifact's schema.
+STAGE_SIGNATURES: dict[str, type[dspy.Signature]] = {s.name: globals()[s.signature] for s in REGISTRY if s.core}
+OPTIONAL_SIGNATURES: dict[str, type[dspy.Signature]] = {s.name: globals()[s.signature] for s in REGISTRY
+                                                        if not s.core}

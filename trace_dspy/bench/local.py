@@ -61,7 +61,7 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, 
 
 def _tokens_by_stage(history: list[dict]) -> dict[str, int]:
     """Completion tokens per stage, named by each call's first output field."""
-    from trace_dspy.lm.engine import output_fields
+    from trace_dspy.lm.prompts import output_fields
 
     out: dict[str, int] = {}
     for h in history:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_dspy.core.config import ConfigError, ProgramConfig, read_toml
+from trace_dspy.core.stages import REGISTRY
 from trace_dspy.lm.specs import LMConfig, offline_litellm
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.settings import Settings
@@ -137,14 +138,7 @@ def fail(message: str, code: int = 2) -> int:
 
 
 # What a status line says while each stage runs.
-STAGE_WORDS = {
-    "recognize_emotion": "reading how they feel",
-    "infer_commonsense": "thinking about what they need",
-    "analyze_cause": "working out why",
-    "plan_strategy": "planning the reply",
-    "generate_response": "writing the reply",
-    "reflect": "checking the reply",
-}
+STAGE_WORDS = {s.name: s.status for s in REGISTRY}
 
 
 class TerminalStatus:

@@ -29,7 +29,7 @@ from trace_dspy.cli.common import (
     setup_logging,
 )
 from trace_dspy.core.config import ConfigError
-from trace_dspy.core.dialogue import DialogueError
+from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
 from trace_dspy.core.safety import terminal_safe
 from trace_dspy.workflows.batch import (
     BatchError,
@@ -113,6 +113,18 @@ def _run(args: argparse.Namespace) -> int:
             check_batch_paths(args.input, args.output)
         except BatchError as exc:
             return fail(str(exc))
+    message = None
+    if not args.input:
+        message = " ".join(args.message)
+        if message == "-":
+            # Bytes, so that undecodable input reaches the dialogue check (a clear error) in any locale.
+            raw = getattr(sys.stdin, "buffer", None)
+            message = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
+        message = message.replace("\\n", "\n")
+        try:  # an unusable message is refused before anything is loaded or fitted
+            normalize_dialogue(message)
+        except DialogueError as exc:
+            return fail(str(exc))
     try:
         settings = settings_from_args(args)
         from trace_dspy.store.artifacts import load_for_run
@@ -139,12 +151,6 @@ def _run(args: argparse.Namespace) -> int:
               f"{report.failed} failed (see the 'error' field in {args.output})", file=sys.stderr)
         return 0 if report.ok else 1
 
-    message = " ".join(args.message)
-    if message == "-":
-        # Bytes, so that undecodable input reaches the dialogue check (a clear error) in any locale.
-        raw = getattr(sys.stdin, "buffer", None)
-        message = raw.read().decode("utf-8", "surrogateescape") if raw else sys.stdin.read()
-    message = message.replace("\\n", "\n")
     from trace_dspy.cli.common import (
         TerminalStatus,
         stage_status_callback,

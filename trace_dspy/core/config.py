@@ -13,13 +13,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-# Every stage the program can run, in pipeline order. The four TRACE stages
-# always exist (two can be switched off); commonsense and reflect are opt-in.
-STAGES: tuple[str, ...] = ("recognize_emotion", "infer_commonsense", "analyze_cause", "plan_strategy",
-                           "generate_response", "reflect")
-CORE_STAGES: tuple[str, ...] = ("recognize_emotion", "analyze_cause", "plan_strategy", "generate_response")
-# Stages that an ablation may switch off. Emotion and reply are the task itself.
-OPTIONAL_STAGES: tuple[str, ...] = ("analyze_cause", "plan_strategy")
+from trace_dspy.core.stages import (  # the stage registry
+    OPTIONAL_STAGES,
+    STAGES,
+)
+
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat")
 MAX_PRIOR_K = 8

@@ -42,6 +42,8 @@ from typing import Any
 
 from dspy.lm15 import Message, Response, TextPart, Usage
 
+from trace_dspy.lm.prompts import layout, output_fields, section
+
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "local/smollm2-135m-instruct"
 MISSING_EXTRA = (
@@ -81,10 +83,6 @@ def import_llama():
 
 # ---------------------------------------------------------------- output grammar
 
-_OUTPUTS = re.compile(r"Your output fields are:\n(.*?)\n(?:All interactions|Outputs will be|Answer with)", re.DOTALL)
-_FIELD = re.compile(r"^\d+\. `(\w+)` \((.+?)\)(?::|$)", re.MULTILINE)
-_CHAT_MARKER = "[[ ## completed ## ]]"
-_JSON_MARKER = "Outputs will be a JSON object"
 
 
 def _gbnf_literal(text: str) -> str:
@@ -137,14 +135,6 @@ def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | No
     return None
 
 
-def output_fields(system: str) -> list[tuple[str, str]] | None:
-    """(name, type) of each output field a DSPy adapter prompt asks for."""
-    block = _OUTPUTS.search(system)
-    if not block:
-        return None
-    return [(n, t.strip()) for n, t in _FIELD.findall(block.group(1))] or None
-
-
 def output_grammar(
     system: str,
     *,
@@ -161,12 +151,10 @@ def output_grammar(
     Returns None when the prompt is not in a recognised layout or a field has
     an unsupported type; the call then runs unconstrained.
     """
-    fields = output_fields(system)
-    if not fields:
+    kind = layout(system)
+    if kind is None:
         return None
-    as_json = _JSON_MARKER in system and _CHAT_MARKER not in system
-    if not as_json and _CHAT_MARKER not in system:
-        return None
+    fields, as_json = output_fields(system), kind == "json"
     limits, quotes, choices = limits or {}, quotes or {}, choices or {}
     parts = []
     for i, (name, type_str) in enumerate(fields):
@@ -185,7 +173,6 @@ def output_grammar(
     return f'root ::= {body} "\\n\\n[[ ## completed ## ]]"\n'
 
 
-_SECTION = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\Z)", re.DOTALL)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -195,10 +182,10 @@ def quotable_sentences(user_message: str, field: str, max_items: int = 40) -> li
     Reads the ``[[ ## field ## ]]`` section of a chat-adapter user message; lines
     that start with ``Speaker:`` are the speaker's (all lines if none do).
     """
-    section = next((m.group(2) for m in _SECTION.finditer(user_message) if m.group(1) == field), None)
-    if not section:
+    text = section(user_message, field)
+    if not text:
         return []
-    lines = section.strip().splitlines()
+    lines = text.strip().splitlines()
     spoken = [ln.split(":", 1)[1] for ln in lines if ln.startswith("Speaker:")] or lines
     out: list[str] = []
     for text in spoken:
@@ -216,8 +203,7 @@ DEFAULT_CHOICE_FIELDS = {"emotion": "emotion_candidates"}
 
 def listed_choices(user_message: str, field: str) -> list[str]:
     """The labels listed as ``label (NN%), ...`` in an input section (the emotion prior's format)."""
-    section = next((m.group(2) for m in _SECTION.finditer(user_message) if m.group(1) == field), None)
-    return [m.group(1) for m in _LISTED.finditer(section or "")]
+    return [m.group(1) for m in _LISTED.finditer(section(user_message, field) or "")]
 
 
 def grammar_for(system: str, user: str, *, limits: dict[str, int] | None = None,
@@ -653,7 +639,7 @@ class LlamaEngine:
             if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
                 out = _greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops,
                               loop_guard=self.loop_guard, stats=self.guard_counts,
-                              free_fields=frozenset(n for n, t in (output_fields(system) or []) if t == "str"))
+                              free_fields=frozenset(n for n, t in output_fields(system) if t == "str"))
             else:
                 out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops})
             usage = out.get("usage") or {}

@@ -43,11 +43,8 @@ from urllib.parse import urlsplit, urlunsplit
 import dspy
 
 from trace_dspy.core.config import STAGES, ConfigError
+from trace_dspy.core.stages import STAGE_GROUPS
 
-STAGE_GROUPS: dict[str, tuple[str, ...]] = {
-    "analysis": ("recognize_emotion", "infer_commonsense", "analyze_cause", "plan_strategy", "reflect"),
-    "response": ("generate_response",),
-}
 ROLES = ("judge", "prompt")
 _SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
 

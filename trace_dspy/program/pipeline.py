@@ -19,16 +19,14 @@ import dspy
 from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
 from trace_dspy.core.labels import ekman_group
+from trace_dspy.core.stages import REGISTRY
 from trace_dspy.lm.adapters import chat_reply_adapter, choose_adapter, is_constrained
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
 
 # Inputs that exist only when the stage producing them runs.
-_PRODUCED_BY = {
-    "analyze_cause": ("trigger_spans", "cause_summary", "cause_category"),
-    "plan_strategy": ("strategy", "secondary_strategy"),
-}
+_PRODUCED_BY = {s.name: s.gates for s in REGISTRY if s.gates}
 _REASONING_DESC = "Think it through step by step, briefly, before answering."
 _COMMONSENSE_DESC = "Commonsense inferences about the speaker (intent, need, want, effect, reaction)."
 _CANDIDATES_DESC = ("The emotions a classifier fitted on past conversations finds most likely, with their "

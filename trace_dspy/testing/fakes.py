@@ -18,9 +18,8 @@ from typing import Any
 import dspy
 from dspy.lm15 import Message, Response, TextPart, Usage
 
-_OUTPUTS_BLOCK = re.compile(r"Your output fields are:\n(.*?)\nAll interactions", re.DOTALL)
-_FIELD_LINE = re.compile(r"^\d+\. `(\w+)`", re.MULTILINE)
-_SECTION = re.compile(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n\[\[ ## |\n\nRespond with|\Z)", re.DOTALL)
+from trace_dspy.core.stages import stage_of_outputs
+from trace_dspy.lm.prompts import instructions, layout, output_names, sections
 
 # Plausible answers for every TRACE field, so that a default engine runs the
 # whole program.
@@ -85,11 +84,17 @@ class ScriptedEngine(_PicklesWithoutLock):
     responder(outputs, inputs) -> {field: value} takes precedence; fields it
     leaves out come from ``answers`` and then from DEFAULT_ANSWERS. Values may be
     callables of (inputs) for per-call answers.
+
+    By default every structured prompt is answered in the ``[[ ## field ## ]]`` sections layout, whatever it
+    asks for: DSPy's JSON fallback then sees a reply it must reject, as from a model that ignores the format,
+    which is what the fault-injection tests rely on. ``follow_layout=True`` answers a JSON-layout prompt
+    (JSONAdapter) with a JSON object, as a model that follows the format would.
     """
 
     responder: Responder | None = None
     answers: dict[str, Any] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
+    follow_layout: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -106,24 +111,26 @@ class ScriptedEngine(_PicklesWithoutLock):
 
     def reply_text(self, system: str, user_text: str) -> str:
         """The completion text for a DSPy chat prompt (system text, last user message); records the call."""
-        outputs = tuple(_output_fields(system))
+        outputs = output_names(system)
         plain = not outputs  # the chat-native reply layout (ChatReplyAdapter): the answer is the reply itself
         if plain:
             outputs, inputs = ("response",), {"message": user_text, "system": system}
         else:
-            inputs = _sections(user_text)
+            inputs = sections(user_text)
         answer = dict(self.responder(outputs, inputs)) if self.responder else {}
         for name in outputs:
             if name not in answer:
                 value = self.answers.get(name, DEFAULT_ANSWERS.get(name, f"<{name}>"))
                 answer[name] = value(inputs) if callable(value) else value
         if plain:
-            text, instructions = str(answer["response"]), system
+            text, task = str(answer["response"]), system
+        elif self.follow_layout and layout(system) == "json":
+            text, task = json.dumps({k: answer[k] for k in outputs}), instructions(system)
         else:
             text = "\n\n".join(f"[[ ## {k} ## ]]\n{_render(answer[k])}" for k in outputs) + "\n\n[[ ## completed ## ]]"
-            instructions = system.rsplit("your objective is:", 1)[-1].strip()
+            task = instructions(system)
         with self._lock:
-            self.calls.append(Call(outputs, inputs, {k: answer[k] for k in outputs}, instructions))
+            self.calls.append(Call(outputs, inputs, {k: answer[k] for k in outputs}, task))
         return text
 
     def close(self) -> None:
@@ -134,30 +141,9 @@ class ScriptedEngine(_PicklesWithoutLock):
         return [stage_of(c.outputs) for c in self.calls]
 
 
-_STAGE_BY_OUTPUT = {
-    "emotion": "recognize_emotion",
-    "x_intent": "infer_commonsense",
-    "faulty_stage": "reflect",
-    "cause_summary": "analyze_cause",
-    "strategy": "plan_strategy",
-    "response": "generate_response",
-}
-
-
 def stage_of(outputs: tuple[str, ...]) -> str:
-    for name in outputs:
-        if name in _STAGE_BY_OUTPUT:
-            return _STAGE_BY_OUTPUT[name]
-    return "unknown"
-
-
-def _output_fields(system: str) -> list[str]:
-    block = _OUTPUTS_BLOCK.search(system)
-    return _FIELD_LINE.findall(block.group(1)) if block else []
-
-
-def _sections(text: str) -> dict[str, str]:
-    return {m.group(1): m.group(2).strip() for m in _SECTION.finditer(text)}
+    """The stage a prompt belongs to, by its output fields (see ``trace_dspy.core.stages``)."""
+    return stage_of_outputs(outputs)
 
 
 def _render(value: Any) -> str:
@@ -166,9 +152,10 @@ def _render(value: Any) -> str:
     return json.dumps(value)
 
 
-def fake_lm(responder: Responder | None = None, **answers: Any) -> tuple[dspy.LM, ScriptedEngine]:
-    """A ``dspy.LM`` backed by a fresh ScriptedEngine (no cache), and the engine."""
-    engine = ScriptedEngine(responder=responder, answers=answers)
+def fake_lm(responder: Responder | None = None, *, follow_layout: bool = False,
+            **answers: Any) -> tuple[dspy.LM, ScriptedEngine]:
+    """A ``dspy.LM`` backed by a fresh ScriptedEngine (no cache), and the engine (see ScriptedEngine)."""
+    engine = ScriptedEngine(responder=responder, answers=answers, follow_layout=follow_layout)
     return dspy.LM("fake/scripted", engine=engine, cache=False), engine
 
 
@@ -254,7 +241,7 @@ class FaultyEngine(_PicklesWithoutLock):
         digest = hashlib.sha256(f"{self.seed}:{key}:{attempt}".encode()).digest()
         draw = int.from_bytes(digest[:8], "big") / 2**64
         fault = self._pick(draw)
-        outputs = tuple(_output_fields(system))
+        outputs = output_names(system)
         stage = stage_of(outputs)
         if self.latency:
             import time
