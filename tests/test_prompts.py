@@ -103,3 +103,17 @@ def test_a_last_input_section_stops_before_the_closing_line():
     last = list(prompts.sections(user))[-1]
     assert not prompts.section(user, last).rstrip().endswith("]]")
     assert "Respond with" not in prompts.section(user, last)
+
+
+def test_parse_failures_are_counted_where_the_adapter_fails():
+    from dspy.utils.exceptions import AdapterParseError
+
+    from trace_dspy.lm.adapters import parse_failures
+
+    before = sum(parse_failures().values())
+    lm, fake = fake_lm(response="Listener:   ")  # nothing left once the role prefix is removed
+    with dspy.context(lm=lm), pytest.raises(AdapterParseError):
+        TraceProgram(ProgramConfig(reply_format="chat", prior_k=0))(dialogue=DIALOGUE)
+    # the chat-reply adapter's parse failed once; DSPy's JSON fallback then failed in its own parser
+    assert sum(parse_failures().values()) - before == 1
+    assert len(fake.calls) == 5  # three analysis stages, the reply, and the fallback's second try

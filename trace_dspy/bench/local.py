@@ -15,9 +15,11 @@ from trace_dspy.program.pipeline import TraceProgram
 
 def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, fast_greedy: bool = True,
                 loop_guard: bool = True, retriever=None) -> dict:
+    from trace_dspy.lm.adapters import parse_failures
     from trace_dspy.lm.specs import local_lm
 
     lm = local_lm(cache=False, prefix_cache=prefix_cache, fast_greedy=fast_greedy, loop_guard=loop_guard)
+    failures_before = sum(parse_failures().values())
     program = TraceProgram(program_config, retriever=retriever)
     engine = lm.engine
     stage_calls = final_failures = 0
@@ -37,13 +39,15 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, 
             per_dialogue.append((time.perf_counter() - started, engine.stats.calls - stages_before))
     stats = engine.stats
     lm_calls = stats.calls
+    first_failures = sum(parse_failures().values()) - failures_before
     return {
         "dialogues": len(examples),
         "seconds_per_dialogue": sum(t for t, _ in per_dialogue) / len(examples),
         "lm_calls": lm_calls,
         "stage_calls": stage_calls,
-        # Each extra LM call is a retry after a parse failure (ChatAdapter -> JSONAdapter).
-        "first_attempt_parse_failures": lm_calls - stage_calls,
+        # Counted in the adapters' parse (each is followed by DSPy's JSONAdapter fallback, one more LM call).
+        "first_attempt_parse_failures": first_failures,
+        "n_threads": engine.n_threads,
         "final_parse_failures": final_failures,
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
@@ -171,27 +175,37 @@ def _write_record(path: Path | None, command: str, machine: dict, payload: dict)
         atomic_write_json(path, {"command": command, "machine": machine, **payload})
 
 
-def run_raw(history: list[dict]) -> dict:
-    """The same prompts straight through llama-cpp-python, no grammar, no state restore."""
+def run_raw(history: list[dict], n_threads: int) -> dict:
+    """The same prompts straight through llama-cpp-python, no grammar, no state restore.
+
+    Timed as the engine times itself: from the tokenized prompt to the last generated token, per call, summed
+    (rendering and tokenizing are outside both clocks). The end-of-generation tokens are banned, so every
+    call generates exactly the engine's number of tokens; ``n_threads`` is the engine's.
+    """
+    import llama_cpp
     from llama_cpp import Llama
 
     from trace_dspy.lm.engine import _formatters, default_model_path
 
-    llama = Llama(str(default_model_path()), n_ctx=4096, n_threads=2, n_threads_batch=2, seed=0, verbose=False)
+    llama = Llama(str(default_model_path()), n_ctx=4096, n_threads=n_threads, n_threads_batch=n_threads, seed=0,
+                  verbose=False)
     fmt, _ = _formatters(llama)
-    started = time.perf_counter()
+    vocab = llama._model.vocab
+    banned = {t: float("-inf") for t in range(llama.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+    seconds = 0.0
     prompt_tokens = completion_tokens = 0
     for item in progress(history, desc="raw llama.cpp"):
         rendered = fmt(messages=item["messages"])
         tokens = llama.tokenize(rendered.prompt.encode(), add_bos=not rendered.added_special, special=True)
         n = max(1, item["completion_tokens"])
-        # Generate exactly as many tokens as the engine did (no stop, no grammar).
-        out = llama.create_completion(prompt=tokens, max_tokens=n, temperature=0.0, stop=[], logit_bias=None)
+        started = time.perf_counter()
+        out = llama.create_completion(prompt=tokens, max_tokens=n, temperature=0.0, stop=[], logit_bias=banned)
+        seconds += time.perf_counter() - started
         prompt_tokens += len(tokens)
         completion_tokens += out["usage"]["completion_tokens"]
-    seconds = time.perf_counter() - started
-    return {"calls": len(history), "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "seconds": seconds, "generated_tokens_per_s": completion_tokens / seconds}
+    return {"calls": len(history), "n_threads": n_threads, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, "seconds": seconds,
+            "generated_tokens_per_s": completion_tokens / seconds}
 
 
 def measure_batching(thread_counts=(1, 2), sequence_counts=(1, 2, 4, 8), steps: int = 30) -> list[dict]:

@@ -17,7 +17,6 @@ Prints a markdown table and writes JSON with ``--output``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from trace_dspy.bench.local import (
 )
 from trace_dspy.cli.common import setup_logging
 from trace_dspy.core.config import ProgramConfig
+from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.data.sources import load_test
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     fast_s = None
     if slow:
         fast_s = run_program(subset, prefix_cache=True, program_config=config)["seconds_per_dialogue"]
-    raw = None if args.no_raw else run_raw(with_reuse["history"])
+    raw = None if args.no_raw else run_raw(with_reuse["history"], with_reuse["n_threads"])
 
     rows = [
         ("dialogues", with_reuse["dialogues"]),
@@ -148,8 +148,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
         ]
     if raw:
         rows += [
-            ("raw llama.cpp: same prompts and token counts, seconds", f"{raw['seconds']:.1f}"),
-            ("engine seconds on the same calls", f"{with_reuse['engine_seconds']:.1f}"),
+            ("generated tokens, engine / raw (end tokens banned on the raw side)",
+             f"{with_reuse['completion_tokens']} / {raw['completion_tokens']}"),
+            (f"raw llama.cpp seconds, same prompts, {raw['n_threads']} threads", f"{raw['seconds']:.1f}"),
+            (f"engine seconds on the same calls, {with_reuse['n_threads']} threads",
+             f"{with_reuse['engine_seconds']:.1f}"),
             ("engine time / raw time", f"{with_reuse['engine_seconds'] / raw['seconds']:.2f}"),
             ("generated tokens/s, raw (prompt reading included)", f"{raw['generated_tokens_per_s']:.1f}"),
         ]
@@ -170,8 +173,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
             "with_reuse_subset_seconds_per_dialogue": with_reuse_subset_s,
             "raw": raw,
         }
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=2))
+        atomic_write_json(args.output, result)
     return 0
 
 

@@ -14,11 +14,36 @@ from __future__ import annotations
 
 import re
 import textwrap
+import threading
+from collections import Counter
 
 import dspy
 
+# Replies this project's adapters could not parse, counted where the parse fails (the adapter then falls back
+# to DSPy's JSONAdapter, one more LM call). Keyed by the signature's name; read with parse_failures().
+_PARSE_FAILURES: Counter[str] = Counter()
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_failures() -> dict[str, int]:
+    """A snapshot of the parse failures counted so far, by signature name (benchmarks read differences)."""
+    with _PARSE_LOCK:
+        return dict(_PARSE_FAILURES)
+
+
+def _counting_parse(parse, signature, completion):
+    try:
+        return parse(signature, completion)
+    except Exception:
+        with _PARSE_LOCK:
+            _PARSE_FAILURES[getattr(signature, "__name__", "signature")] += 1
+        raise
+
 
 class CompactChatAdapter(dspy.ChatAdapter):
+    def parse(self, signature, completion):
+        return _counting_parse(super().parse, signature, completion)
+
     def format_system_message(self, signature) -> str:
         instructions = textwrap.dedent(signature.instructions).strip()
         return (
@@ -165,6 +190,9 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         return messages
 
     def parse(self, signature, completion):
+        return _counting_parse(self._parse, signature, completion)
+
+    def _parse(self, signature, completion):
         if not is_reply_signature(signature):
             return super().parse(signature, completion)
         reply = clean_reply(completion)
