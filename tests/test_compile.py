@@ -275,7 +275,12 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     root = tmp_path / "artifacts"
     assert versions("trace-dspy", root) == [1, 2]
     v2 = json.loads((root / "trace-dspy/v0002/manifest.json").read_text())
-    assert v2["version"] == 2 and v2["mlflow"]["registry_version"] == 2 and v2["mlflow"]["run_id"]
+    # saved before it is registered: the manifest names the run; the registry version names the artifact
+    assert v2["version"] == 2 and v2["mlflow"]["run_id"] and "registry_version" not in v2["mlflow"]
+    from mlflow import MlflowClient
+
+    mv = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_model_version("trace-dspy", "2")
+    assert mv.run_id == v2["mlflow"]["run_id"] and mv.tags["artifact_version"] == "2"
     assert v2["scores"]["dev_before"]["n"] == 3 and "empathy" in v2["scores"]["dev_after"]
     assert v2["data"]["fingerprint"].startswith("sha256:") and v2["git_commit"] != ""
 

@@ -121,8 +121,11 @@ def render_summary(art: Artifact) -> str:
         ("models", _models(s["config"])),
         ("dspy", s["dspy"] or "-"),
         ("git commit", s["git_commit"] or "-"),
-        ("mlflow run", (f"{mlflow['run_id']} (experiment {mlflow.get('experiment')}, "
-                        f"registry version {mlflow.get('registry_version')})") if mlflow.get("run_id") else "-"),
+        ("mlflow run", (f"{mlflow['run_id']} (experiment {mlflow.get('experiment')}, registered as "
+                        f"{mlflow.get('registered_model')}"
+                        # manifests written before the save-first order also named the version
+                        + (f" version {mlflow['registry_version']}" if mlflow.get("registry_version") else "")
+                        + ")") if mlflow.get("run_id") else "-"),
         ("command", s["command"] or "-"),
     ]
     out = [f"{art.label}  ({art.ref})" if art.ref != art.label else art.label]

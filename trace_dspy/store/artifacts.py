@@ -136,7 +136,25 @@ def save_artifact(
     extra_files: dict[str, Path] | None = None,
     extra_dirs: dict[str, Path] | None = None,
 ) -> Path:
-    """Write a new immutable version; returns its folder."""
+    """Write a new immutable version; returns its folder (``write_artifact`` also returns the manifest)."""
+    return write_artifact(program, manifest, name=name, root=root, extra_files=extra_files,
+                          extra_dirs=extra_dirs)[0]
+
+
+def write_artifact(
+    program: dspy.Module,
+    manifest: dict[str, Any],
+    *,
+    name: str = DEFAULT_NAME,
+    root: str | os.PathLike | None = None,
+    extra_files: dict[str, Path] | None = None,
+    extra_dirs: dict[str, Path] | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Write a new immutable version: (its folder, the manifest as written, version number included).
+
+    The files go to a private temporary folder that is renamed into place in one step, so a crash leaves
+    either a complete version or none (a stale ``.tmp-*`` folder, removed by the next save).
+    """
     folder = artifacts_root(root) / check_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     _clean_stale_tmp(folder)
@@ -165,7 +183,7 @@ def save_artifact(
             target = folder / f"v{number:04d}"
             try:
                 os.rename(tmp, target)  # atomic; fails if another writer took the number
-                return target
+                return target, record
             except OSError:
                 if not target.exists():
                     raise

@@ -85,7 +85,7 @@ def _log(message: str) -> None:
 def run_compile(cfg: CompileConfig) -> CompileResult:
     from trace_dspy.lm.specs import LMSet
     from trace_dspy.program.pipeline import TraceProgram
-    from trace_dspy.store.artifacts import save_artifact
+    from trace_dspy.store.artifacts import write_artifact
 
     started = time.perf_counter()
     splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
@@ -133,14 +133,10 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
                      "it is saved, but it will not become champion")
             _log("4/4 saving, logging and registering")
+            # The order keeps every crash point consistent: the artifact is complete before MLflow hears of
+            # it, the run holds its files before a registry version points at them, and only a registered
+            # version can become champion. (tests/test_compile.py kills the command between the steps.)
             run_id = run.info.run_id if run is not None else None
-            registry_version = None
-            if run is not None:
-                from trace_dspy.store.registry import register_version
-
-                registry_version = register_version(run_id, run.info.artifact_uri, after.score,
-                                                    model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
-                                                    tags={"artifact_name": cfg.name})
             manifest = {
                 "config": cfg.record(),
                 "optimizer": cfg.optimizer.settings(),
@@ -149,9 +145,9 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
                 "data": {**source.describe(), "train_ids": [e.sample_id for e in splits.train],
                          "dev_ids": [e.sample_id for e in splits.dev]},
+                # The registry version is not known yet: MLflow records it (tag trace_dspy.registry_version).
                 "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
-                           "registered_model": cfg.registered_model if run is not None else None,
-                           "registry_version": registry_version},
+                           "registered_model": cfg.registered_model if run is not None else None},
                 "command": cfg.command,
                 "retrieval": {**retrieval.to_dict(),
                               "index": retriever.fingerprint if retriever is not None else None,
@@ -166,25 +162,33 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 from trace_dspy.program.emotion_prior import FILE_NAME
 
                 extra_files[FILE_NAME] = prior.save(tmp / FILE_NAME)
-            folder = save_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
-                                   extra_files=extra_files,
-                                   extra_dirs={"index": index_dir} if index_dir else None)
-            from trace_dspy.store.artifacts import read_manifest
-
-            final_manifest = read_manifest(folder)
-            promoted = False
+            # 1. save
+            folder, final_manifest = write_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
+                                                    extra_files=extra_files,
+                                                    extra_dirs={"index": index_dir} if index_dir else None)
+            registry_version, promoted = None, False
             if run is not None:
-                _log_run(cfg, folder, before.summary, after.summary)
-                from trace_dspy.store.registry import promote_if_better
-
-                promoted = not after.summary.get("collapsed") and promote_if_better(
-                    registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
                 import mlflow
 
+                from trace_dspy.store.registry import (
+                    promote_if_better,
+                    register_version,
+                )
+
                 mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
-                                 "trace_dspy.registry_version": str(registry_version),
-                                 "trace_dspy.champion": str(promoted),
                                  "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
+                # 2. log: params, metrics and the artifact's files
+                _log_run(cfg, folder, before.summary, after.summary)
+                # 3. register a version whose source is the logged files
+                registry_version = register_version(run_id, run.info.artifact_uri, after.score,
+                                                    model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
+                                                    tags={"artifact_name": cfg.name,
+                                                          "artifact_version": str(final_manifest["version"])})
+                mlflow.set_tag("trace_dspy.registry_version", str(registry_version))
+                # 4. promote, if it beats the champion and did not collapse
+                promoted = not after.summary.get("collapsed") and promote_if_better(
+                    registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
+                mlflow.set_tag("trace_dspy.champion", str(promoted))
     return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
                          time.perf_counter() - started)
 
