@@ -22,6 +22,7 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, 
     failures_before = sum(parse_failures().values())
     program = TraceProgram(program_config, retriever=retriever)
     engine = lm.engine
+    engine.stats.log = []  # every engine call, for the raw replay (Best-of-N candidates included)
     stage_calls = final_failures = 0
     per_dialogue, outputs = [], []
     with dspy.context(lm=lm):
@@ -53,13 +54,11 @@ def run_program(examples, *, prefix_cache: bool, program_config: ProgramConfig, 
         "completion_tokens": stats.completion_tokens,
         "engine_seconds": stats.seconds,
         "loop_guard": dict(engine.guard_counts),
-        "completion_tokens_by_stage": _tokens_by_stage(lm.history),
+        "completion_tokens_by_stage": _tokens_by_stage(engine.stats.log),
         "generated_tokens_per_s": stats.completion_tokens / stats.seconds,
         "outputs": outputs,
-        "history": [
-            {"messages": h.get("messages"), "completion_tokens": (h.get("usage") or {}).get("completion_tokens", 0)}
-            for h in lm.history
-        ],
+        # One entry per engine call (a Best-of-N reply is several): what the raw replay runs again.
+        "history": list(engine.stats.log),
     }
 
 
@@ -71,8 +70,8 @@ def _tokens_by_stage(history: list[dict]) -> dict[str, int]:
     for h in history:
         messages = h.get("messages") or []
         fields = output_fields(messages[0]["content"]) if messages and messages[0]["role"] == "system" else None
-        name = fields[0][0] if fields else "other"
-        out[name] = out.get(name, 0) + ((h.get("usage") or {}).get("completion_tokens", 0) or 0)
+        name = fields[0][0] if fields else "response (chat layout)"
+        out[name] = out.get(name, 0) + (h.get("completion_tokens") or 0)
     return out
 
 

@@ -501,12 +501,18 @@ class EngineStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     seconds: float = 0.0
+    # When a list (benchmarks set it), every call is appended: its messages, tokens and seconds. DSPy's
+    # history has one entry per predictor call, which hides the extra engine calls of Best-of-N candidates.
+    log: list[dict] | None = None
 
-    def add(self, prompt: int, completion: int, seconds: float) -> None:
+    def add(self, prompt: int, completion: int, seconds: float, messages: list[dict] | None = None) -> None:
         self.calls += 1
         self.prompt_tokens += prompt
         self.completion_tokens += completion
         self.seconds += seconds
+        if self.log is not None:
+            self.log.append({"messages": messages, "prompt_tokens": prompt, "completion_tokens": completion,
+                             "seconds": seconds})
 
 
 class LlamaEngine:
@@ -644,7 +650,7 @@ class LlamaEngine:
                 out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops})
             usage = out.get("usage") or {}
             self.stats.add(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
-                           time.perf_counter() - started)
+                           time.perf_counter() - started, messages)
         choice = out["choices"][0]
         text = choice.get("text") or ""
         finish = "length" if choice.get("finish_reason") == "length" else "stop"
