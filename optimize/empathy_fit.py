@@ -16,6 +16,7 @@ import numpy as np
 from trace_dspy.optimize.empathy import LEVELS, Encoder, Head, featurize, fit_head
 from trace_dspy.optimize.scorers import macro_f1, spearman
 
+from trace_dspy.core.tables import markdown_table
 from trace_dspy.data.epitome import MECHANISMS, Epitome, RatedPair, split_by_post
 
 L2_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
@@ -138,14 +139,12 @@ def fit_epitome(data: Epitome, encode: Encoder, *, seed: int = 0, dev_fraction: 
 
 
 def format_fit_table(table: dict[str, dict[str, float]]) -> str:
-    lines = ["| mechanism | Spearman | accuracy | macro-F1 | majority acc | majority macro-F1 | "
-             "published acc | published macro-F1 |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = []
     for mech in MECHANISMS:
-        row = table[mech]
-        pub = PUBLISHED[mech]
-        lines.append(f"| {mech} | {row['spearman']:.3f} | {row['accuracy']:.3f} | {row['macro_f1']:.3f} | "
-                     f"{row['majority_accuracy']:.3f} | {row['majority_macro_f1']:.3f} | "
-                     f"{pub['accuracy']:.2f} | {pub['macro_f1']:.2f} |")
-    lines.append(f"| sum | {table['sum']['spearman']:.3f} | - | - | - | - | - | - |")
-    return "\n".join(lines)
+        row, pub = table[mech], PUBLISHED[mech]
+        rows.append([mech, *(f"{row[k]:.3f}" for k in ("spearman", "accuracy", "macro_f1", "majority_accuracy",
+                                                         "majority_macro_f1")),
+                     f"{pub['accuracy']:.2f}", f"{pub['macro_f1']:.2f}"])
+    rows.append(["sum", f"{table['sum']['spearman']:.3f}", *["-"] * 6])
+    return markdown_table(["mechanism", "Spearman", "accuracy", "macro-F1", "majority acc", "majority macro-F1",
+                           "published acc", "published macro-F1"], rows)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from contextlib import nullcontext
 from typing import Literal
 
 import dspy
+
+from trace_dspy.lm.specs import use_lm
 
 Level = Literal["none", "weak", "strong"]
 Quality = Literal["poor", "fair", "good"]
@@ -60,7 +61,7 @@ class EmpathyJudge(dspy.Module):
         self._lm = lm
 
     def forward(self, dialogue: str, reply: str) -> dspy.Prediction:
-        with dspy.context(lm=self._lm) if self._lm is not None else nullcontext():
+        with use_lm(self._lm):
             out = self.rate(dialogue=dialogue, reply=reply)
         ratings = {f: LEVEL_VALUE[out[f]] for f in self.FIELDS}
         return dspy.Prediction(**ratings, justification=out.justification, score=judge_score(ratings))
@@ -94,7 +95,7 @@ class PairwiseJudge(dspy.Module):
         self._lm = lm
 
     def forward(self, dialogue: str, first: str, second: str) -> dspy.Prediction:
-        with dspy.context(lm=self._lm) if self._lm is not None else nullcontext():
+        with use_lm(self._lm):
             ab = self.compare(dialogue=dialogue, reply_a=first, reply_b=second)
             ba = self.compare(dialogue=dialogue, reply_a=second, reply_b=first)
         outcomes = {}

@@ -121,6 +121,53 @@ class MetricConfig:
 
 COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded")
 
+# Every key of an evaluation summary (trace_dspy.workflows.evaluation.summarize), in display order. Some are
+# there only when their inputs are: gold emotions, gold replies, the embedder, a judge, Best-of-N, timed rows.
+SUMMARY_KEYS = (
+    "n", "failed", "failure_rate", "empathy", "collapsed", "collapse_reason", "distinct_replies",
+    # the composite's parts ("empathy_learned" is the learned scorer's component) and the details behind them
+    "emotion", "empathy_learned", "level_ER", "level_IP", "level_EX", "strategy_fit", "relevance", "grounded",
+    "rules", "rule_brief", "rule_reuses_detail", "rule_no_advice", "rule_not_parroting",
+    "similarity", "judge", "judge_emotional_reaction", "judge_interpretation", "judge_exploration",
+    "judge_relevance", "judge_fluency",
+    "copied_rate", "parrot_rate", "emotion_acc", "group_acc",
+    # against the gold replies, then diversity and length of the replies
+    "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length",
+    # cost per dialogue
+    "seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue", "completion_tokens_per_dialogue",
+    "reply_candidates_per_dialogue",
+    # what measured, and the label distributions of the predictions
+    "similarity_kind", "empathy_kind", "distributions",
+)
+
+
+def summary_keys(*names: str) -> tuple[str, ...]:
+    """``names`` in SUMMARY_KEYS order; a name that is not a summary key is an error."""
+    unknown = [n for n in names if n not in SUMMARY_KEYS]
+    if unknown:
+        raise ValueError(f"not evaluation summary keys: {unknown}")
+    return tuple(k for k in SUMMARY_KEYS if k in names)
+
+
+# Named subsets, each in SUMMARY_KEYS order.
+# Cost per dialogue: wall seconds, LM calls that reached the model, tokens.
+COST_KEYS = summary_keys("seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue",
+                         "completion_tokens_per_dialogue")
+# Left out of the summary tables (summary.json and the MLflow run have them): detail, text and distributions.
+DETAIL_KEYS = summary_keys("failure_rate", "collapse_reason", "rule_brief", "rule_reuses_detail", "rule_no_advice",
+                           "rule_not_parroting", "judge_emotional_reaction", "judge_interpretation",
+                           "judge_exploration", "judge_relevance", "judge_fluency", "reply_candidates_per_dialogue",
+                           "similarity_kind", "empathy_kind", "distributions")
+# The short list an artifact's scores are shown with.
+HEADLINE_KEYS = summary_keys("empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "emotion",
+                             "rules", "similarity", "relevance", "emotion_acc", "group_acc", "bleu1", "rouge_l",
+                             "dist1", "dist2")
+# Compared before and after a compile (dev_delta/...).
+DELTA_KEYS = summary_keys("empathy", "emotion_acc", "group_acc", "similarity", "rules")
+# Compared between systems example by example, with paired bootstrap intervals.
+PAIRED_KEYS = summary_keys("empathy", "empathy_learned", "strategy_fit", "emotion_acc", "group_acc", "emotion",
+                           "rules", "similarity", "relevance", "token_f1", "rouge_l")
+
 
 @dataclass
 class Scored:

@@ -6,13 +6,28 @@ import json
 
 import dspy
 import pytest
-from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.optimize.judge import EmpathyJudge
+from trace_dspy.optimize.metric import (
+    COST_KEYS,
+    DELTA_KEYS,
+    DETAIL_KEYS,
+    HEADLINE_KEYS,
+    PAIRED_KEYS,
+    SUMMARY_KEYS,
+    EmpathyMetric,
+    MetricConfig,
+    summary_keys,
+)
 
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
+from trace_dspy.bench import suite
 from trace_dspy.cli.evaluate import main
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.store import inspection
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.evaluation import (
+    TABLE_KEYS,
     FailureRateExceeded,
     evaluate_program,
     summarize,
@@ -87,6 +102,32 @@ def test_summary_counts_failed_rows_as_zero():
             {"id": "b", "score": 0.0, "gold_emotion": "sad", "gold_response": "x", "error": "boom"}]
     summary = summarize(rows)
     assert summary["empathy"] == 0.5 and summary["failed"] == 1 and summary["emotion_acc"] == 0.5
+
+
+def test_every_key_list_is_drawn_from_the_summary_keys():
+    assert len(set(SUMMARY_KEYS)) == len(SUMMARY_KEYS)
+    lists = {"COST_KEYS": COST_KEYS, "DETAIL_KEYS": DETAIL_KEYS, "HEADLINE_KEYS": HEADLINE_KEYS,
+             "DELTA_KEYS": DELTA_KEYS, "PAIRED_KEYS": PAIRED_KEYS, "evaluation.TABLE_KEYS": TABLE_KEYS,
+             "suite.SCORE_KEYS": suite.SCORE_KEYS, "inspection.SCORE_KEYS": inspection.SCORE_KEYS}
+    for name, keys in lists.items():
+        assert keys and set(keys) <= set(SUMMARY_KEYS), name
+        assert list(keys) == [k for k in SUMMARY_KEYS if k in keys], f"{name} is not in display order"
+    assert not set(TABLE_KEYS) & set(DETAIL_KEYS) and set(COST_KEYS) <= set(TABLE_KEYS)
+    with pytest.raises(ValueError, match=r"not evaluation summary keys: \['emotion_accuracy'\]"):
+        summary_keys("empathy", "emotion_accuracy")
+
+
+def test_a_real_summary_has_exactly_the_summary_keys():
+    # A judge and Best-of-N, so that the keys only they bring are there too.
+    lm, _ = fake_lm(reply_for)
+    judge_lm, _ = fake_lm(emotional_reaction="strong", interpretation="weak", exploration="none",
+                          relevance="good", fluency="good", justification="Warm.")
+    scorer = EmpathyMetric(MetricConfig(judge=0.2), judge=EmpathyJudge(judge_lm), embedder=None)
+    program = TraceProgram(ProgramConfig(best_of=2, best_of_threshold=1.0))
+    result = evaluate_program(program, examples(2), scorer, lm=lm)
+    assert sorted(result.summary) == sorted(SUMMARY_KEYS)
+    # The bench pairs the same measures per example (an accuracy as whether the label was right).
+    assert set(suite.per_example(result.rows[0])) == set(suite.PAIRED_METRICS)
 
 
 def test_cli_writes_table_rows_summary_and_mlflow_run(tmp_path, monkeypatch, capsys, ed_dir):

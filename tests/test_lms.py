@@ -9,7 +9,15 @@ import pytest
 
 from trace_dspy.cli.common import add_model_args, settings_from_args
 from trace_dspy.core.config import ConfigError
-from trace_dspy.lm.specs import GrammarLM, LMConfig, LMSet, LMSpec, build_lm, redact_url
+from trace_dspy.lm.specs import (
+    GrammarLM,
+    LMConfig,
+    LMSet,
+    LMSpec,
+    build_lm,
+    redact_url,
+    use_lm,
+)
 
 TOML = """
 [program]
@@ -118,3 +126,13 @@ def test_grammar_lm_adds_the_grammar_to_the_request():
     kwargs = lm._with_grammar(messages, {"temperature": 0})
     assert kwargs["extra_body"]["grammar"].startswith("root ::= ")
     assert lm._with_grammar([{"role": "user", "content": "hi"}], {}) == {}
+
+
+def test_use_lm_sets_the_lm_only_when_given():
+    outer, inner = dspy.LM("openai/outer"), dspy.LM("openai/inner")
+    with dspy.context(lm=outer):
+        with use_lm(None):
+            assert dspy.settings.lm is outer
+        with use_lm(inner):
+            assert dspy.settings.lm is inner
+        assert dspy.settings.lm is outer

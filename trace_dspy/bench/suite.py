@@ -19,6 +19,8 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from trace_dspy.core.console import progress, with_dspy_context
+from trace_dspy.core.tables import markdown_table
+from trace_dspy.optimize.metric import COST_KEYS, DETAIL_KEYS, PAIRED_KEYS, SUMMARY_KEYS
 from trace_dspy.workflows.settings import Settings
 
 BENCH_EXPERIMENT = "trace-dspy-bench"
@@ -28,14 +30,12 @@ SYSTEM_DESCRIPTIONS = {
     "trace_paper": "TRACE stages with paraphrased paper-agent instructions, uncompiled",
     "trace": "TraceProgram, uncompiled",
 }
-# Per-example values that get paired-bootstrap intervals against the baseline.
-PAIRED_METRICS = ("empathy", "empathy_learned", "strategy_fit", "emotion_correct", "group_correct", "emotion", "rules",
-                  "similarity", "relevance", "token_f1", "rouge_l")
-SCORE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "grounded",
-              "copied_rate", "parrot_rate", "emotion", "rules", "similarity", "relevance", "emotion_acc", "group_acc",
-              "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length")
-COST_KEYS = ("lm_calls_per_dialogue", "prompt_tokens_per_dialogue", "completion_tokens_per_dialogue",
-             "seconds_per_dialogue")
+# Per-example values that get paired-bootstrap intervals against the baseline: the summary's PAIRED_KEYS, where
+# an accuracy is, per example, whether the label was right.
+_PER_EXAMPLE = {"emotion_acc": "emotion_correct", "group_acc": "group_correct"}
+PAIRED_METRICS = tuple(_PER_EXAMPLE.get(k, k) for k in PAIRED_KEYS)
+# The scores table; the cost table shows COST_KEYS.
+SCORE_KEYS = tuple(k for k in SUMMARY_KEYS if k not in DETAIL_KEYS and k not in COST_KEYS)
 
 
 # ----------------------------------------------------------------------------- systems
@@ -210,22 +210,21 @@ class QualityReport:
             return "-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
         names = self.systems
-        head = "| metric | " + " | ".join(names) + " |\n| --- |" + " ---: |" * len(names)
-        scores = [head] + [f"| {k} | " + " | ".join(cell(self.summaries[n].get(k)) for n in names) + " |"
-                           for k in SCORE_KEYS if any(k in self.summaries[n] for n in names)]
+        scores = markdown_table(["metric", *names], [
+            [k, *(cell(self.summaries[n].get(k)) for n in names)]
+            for k in SCORE_KEYS if any(k in self.summaries[n] for n in names)])
         others = names[1:]
-        paired = ["| metric | " + " | ".join(others) + " |", "| --- |" + " ---: |" * len(others)]
-        for metric in PAIRED_METRICS:
-            paired.append(f"| {metric} | " + " | ".join(
-                "{:+.4f} [{:+.4f}, {:+.4f}]".format(*self.paired[n][metric]) for n in others) + " |")
-        cost = [head] + [f"| {k.replace('_per_dialogue', '')} | " + " | ".join(
-            cell(self.summaries[n].get(k)) for n in names) + " |" for k in COST_KEYS]
+        paired = markdown_table(["metric", *others], [
+            [metric, *("{:+.4f} [{:+.4f}, {:+.4f}]".format(*self.paired[n][metric]) for n in others)]
+            for metric in PAIRED_METRICS])
+        cost = markdown_table(["metric", *names], [
+            [k.replace("_per_dialogue", ""), *(cell(self.summaries[n].get(k)) for n in names)] for k in COST_KEYS])
         compiled = [f"- `{n}`: compiled in {c['seconds']:.0f} s with {c['lm_calls']} LM calls"
                     for n, c in self.compile.items()]
         systems = [f"- `{n}`: {self.descriptions[n]}" for n in names]
-        parts = ["Systems:", *systems, "", "Scores (per system):", "", *scores, "",
-                 f"Paired difference against `{self.baseline}`, mean [95% bootstrap CI]:", "", *paired, "",
-                 "Cost per dialogue (LM calls that reached the model, tokens, wall seconds):", "", *cost]
+        parts = ["Systems:", *systems, "", "Scores (per system):", "", scores, "",
+                 f"Paired difference against `{self.baseline}`, mean [95% bootstrap CI]:", "", paired, "",
+                 "Cost per dialogue (LM calls that reached the model, tokens, wall seconds):", "", cost]
         if compiled:
             parts += ["", "Compile cost:", "", *compiled]
         return "\n".join(parts)
@@ -429,21 +428,21 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
         searches = []
         for ex in examples:
             started = tick()
-            retriever.search(ex.dialogue, emotion="sad", k=program.config.retrieval.k)
+            # each dialogue filters on its own (gold) emotion group, as the program does with the predicted one
+            retriever.search(ex.dialogue, emotion=str(ex.get("emotion") or ""), k=program.config.retrieval.k)
             searches.append(tick() - started)
         result["retrieval"] = {**_ms(searches), "pool_items": len(retriever.items)}
     return result
 
 
 def overhead_markdown(result: dict[str, Any]) -> str:
-    lines = ["| where | calls | mean ms | median ms | p95 ms |", "| --- | ---: | ---: | ---: | ---: |"]
     rows = [*(("stage " + k, v) for k, v in result["per_stage"].items()),
             ("any stage call", result["per_stage_call"]), ("whole dialogue", result["per_dialogue"])]
     if "retrieval" in result:
         rows.append((f"retrieval search ({result['retrieval']['pool_items']} items)", result["retrieval"]))
-    for name, v in rows:
-        lines.append(f"| {name} | {v['calls']} | {v['mean_ms']:.2f} | {v['median_ms']:.2f} | {v['p95_ms']:.2f} |")
-    return "\n".join(lines)
+    return markdown_table(["where", "calls", "mean ms", "median ms", "p95 ms"],
+                          [[name, v["calls"], f"{v['mean_ms']:.2f}", f"{v['median_ms']:.2f}", f"{v['p95_ms']:.2f}"]
+                           for name, v in rows])
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -479,12 +478,10 @@ def measure_concurrency(examples: Sequence[dspy.Example], program, *, levels: Se
 
 
 def concurrency_markdown(result: dict[str, Any]) -> str:
-    lines = ["| threads | dialogues | LM calls | seconds | dialogues/s | speedup vs 1 |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in result["levels"]:
-        lines.append(f"| {r['threads']} | {r['dialogues']} | {r['lm_calls']} | {r['seconds']:.2f} | "
-                     f"{r['dialogues_per_second']:.2f} | {r['speedup']:.1f}x |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["threads", "dialogues", "LM calls", "seconds", "dialogues/s", "speedup vs 1"],
+        [[r["threads"], r["dialogues"], r["lm_calls"], f"{r['seconds']:.2f}", f"{r['dialogues_per_second']:.2f}",
+          f"{r['speedup']:.1f}x"] for r in result["levels"]], align="rrrrrr")
 
 
 # ----------------------------------------------------------------------------- compile
@@ -513,11 +510,9 @@ def measure_compile(make_config, *, cache_dir: str | Path) -> dict[str, Any]:
 
 
 def compile_markdown(result: dict[str, Any]) -> str:
-    lines = ["| run | wall seconds | LM calls | dev before | dev after |", "| --- | ---: | ---: | ---: | ---: |"]
-    for name, r in result.items():
-        lines.append(f"| {name} cache | {r['seconds']:.1f} | {r['lm_calls']} | {r['dev_before']:.4f} | "
-                     f"{r['dev_after']:.4f} |")
-    return "\n".join(lines)
+    return markdown_table(["run", "wall seconds", "LM calls", "dev before", "dev after"],
+                          [[f"{name} cache", f"{r['seconds']:.1f}", r["lm_calls"], f"{r['dev_before']:.4f}",
+                            f"{r['dev_after']:.4f}"] for name, r in result.items()])
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -560,12 +555,10 @@ def _torch_threads() -> int | None:
 
 
 def scorer_markdown(result: dict[str, Any]) -> str:
-    lines = [f"{result['examples']} ED test items (gold replies), metric.evaluate per example",
-             "", "| pass | wall ms / example | thread CPU ms / example |", "| --- | ---: | ---: |"]
-    for name in ("cold", "cached"):
-        row = result[name]
-        lines.append(f"| {name} | {row['wall_ms_per_example']:.2f} | {row['cpu_ms_per_example']:.2f} |")
-    return "\n".join(lines)
+    table = markdown_table(["pass", "wall ms / example", "thread CPU ms / example"],
+                           [[name, f"{result[name]['wall_ms_per_example']:.2f}",
+                             f"{result[name]['cpu_ms_per_example']:.2f}"] for name in ("cold", "cached")])
+    return f"{result['examples']} ED test items (gold replies), metric.evaluate per example\n\n{table}"
 
 
 # Published 32-class emotion accuracy on ED test (the anchors of the emotion table).
@@ -650,9 +643,10 @@ def emotion_markdown(result: dict[str, Any]) -> str:
     for row in result["stage"]:
         name = "LM alone (prior off)" if row["k"] == 0 else f"prior top-{row['k']} + LM"
         rows.append((name, n, row["accuracy"], row["group_accuracy"]))
-    lines = ["| system | items | 32-class accuracy | 6-group accuracy |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {a} | {b} | {c:.3f} | {d:.3f} |" for a, b, c, d in rows]
-    lines += [f"| {name} (published) | 5,255 | {acc:.3f} | - |" for name, acc in result["published"].items()]
+    lines = [markdown_table(["system", "items", "32-class accuracy", "6-group accuracy"],
+                            [*([a, b, f"{c:.3f}", f"{d:.3f}"] for a, b, c, d in rows),
+                             *([f"{name} (published)", "5,255", f"{acc:.3f}", "-"]
+                               for name, acc in result["published"].items())])]
     cost = result["prior_ms_per_dialogue"]
     lines += ["", f"Prior cost: {cost['mean_ms']:.1f} ms per dialogue (median {cost['median_ms']:.1f}, "
               f"p95 {cost['p95_ms']:.1f}, {cost['calls']} calls), one dialogue per call, embeddings not cached."]

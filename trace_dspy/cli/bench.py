@@ -60,7 +60,7 @@ from trace_dspy.bench.suite import (
 from trace_dspy.cli.common import fail, failure_rate, output_dir
 from trace_dspy.core.console import progress
 from trace_dspy.core.jsonl import atomic_write_json
-from trace_dspy.store.tracking import warn_not_logged
+from trace_dspy.store.tracking import logged_or_warned
 from trace_dspy.workflows.settings import Settings
 
 SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion")
@@ -159,7 +159,7 @@ def _finish(args, argv, name: str, result: dict[str, Any], table: str) -> int:
     print(table)
     print(f"\n{name}.md and {name}.json in {out_dir}")
     if not args.no_mlflow and name != "quality":
-        try:
+        with logged_or_warned(out_dir):
             import mlflow
 
             from trace_dspy.store.tracking import mlflow_run
@@ -168,8 +168,6 @@ def _finish(args, argv, name: str, result: dict[str, Any], table: str) -> int:
                             tags={"trace_dspy.kind": f"bench-{name}"}):
                 mlflow.log_metrics(_flat_numbers(result))
                 mlflow.log_artifact(str(out_dir / f"{name}.json"))
-        except Exception as exc:
-            warn_not_logged(exc, out_dir)
     return 0
 
 
@@ -177,7 +175,7 @@ def _examples_and_program(args, settings: Settings, limit: int):
     """Seeded test examples and the uncompiled program, retrieving from the same source's pool."""
     from trace_dspy.data.sources import load_test, resolve_source
     from trace_dspy.program.pipeline import TraceProgram
-    from trace_dspy.store.artifacts import default_retriever
+    from trace_dspy.workflows.loading import default_retriever
 
     source = resolve_source(settings.data_source(args.data), seed=args.seed)
     retriever = default_retriever(settings.program, source, seed=args.seed)
@@ -258,8 +256,8 @@ def _quality(args, argv, settings: Settings) -> int:
     from trace_dspy.data.sources import load_splits, load_test, resolve_source
     from trace_dspy.lm.specs import LMSet
     from trace_dspy.optimize.optimizers import OPTIMIZERS
-    from trace_dspy.store.artifacts import default_retriever
     from trace_dspy.workflows.evaluation import FailureRateExceeded, build_metric
+    from trace_dspy.workflows.loading import default_retriever
 
     if args.limit < 1:
         return fail("--limit must be at least 1")
@@ -301,13 +299,11 @@ def _quality(args, argv, settings: Settings) -> int:
     code = _finish(args, argv, "quality", report.to_dict(), table)
     print("charts: " + ", ".join(str(c) for c in charts))
     if not args.no_mlflow:
-        try:
+        with logged_or_warned(out_dir):
             run_id = log_quality_to_mlflow(report, [*charts, out_dir / "quality.md", out_dir / "quality.json"],
                                            tracking_uri=args.tracking_uri, experiment=args.experiment,
                                            params=run)
             print(f"mlflow run {run_id} (experiment {args.experiment})")
-        except Exception as exc:
-            warn_not_logged(exc, out_dir)
     return code
 
 

@@ -34,6 +34,7 @@ from trace_dspy.bench.local import (
 from trace_dspy.cli.common import setup_logging
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.core.jsonl import atomic_write_json
+from trace_dspy.core.tables import markdown_table
 from trace_dspy.data.sources import load_test
 
 
@@ -64,49 +65,45 @@ def main(argv: list[str] | None = None, prog: str = "python -m trace_dspy.bench_
     if args.best_of:
         examples = load_test(args.data, view="trace", limit=args.limit, seed=args.seed)
         rows = measure_best_of(examples, args.best_of, threads=args.threads)
-        print("| N | seconds per dialogue | cost vs first | LM calls | completion tokens |\n| ---: | ---: | ---: | ---: | ---: |")
-        for r in rows:
-            print(f"| {r['n']} | {r['seconds_per_dialogue']:.2f} | {r['cost_vs_n1']:.2f} | {r['lm_calls']} | "
-                  f"{r['completion_tokens']} |")
+        print(markdown_table(["N", "seconds per dialogue", "cost vs first", "LM calls", "completion tokens"],
+                             [[r["n"], f"{r['seconds_per_dialogue']:.2f}", f"{r['cost_vs_n1']:.2f}", r["lm_calls"],
+                               r["completion_tokens"]] for r in rows], align="rrrrr"))
         _write_record(args.output, command, machine, {"dialogues": len(examples), "best_of": rows})
         return 0
     if args.batch_logits:
         rows = measure_batch_logits(threads=args.threads or 2)
-        print("| position in batch | max logit difference | same top token |\n| ---: | ---: | --- |")
-        for r in rows:
-            print(f"| {r['position_in_batch']} | {r['max_abs_logit_diff']:.4f} | {r['same_top_token']} |")
+        print(markdown_table(["position in batch", "max logit difference", "same top token"],
+                             [[r["position_in_batch"], f"{r['max_abs_logit_diff']:.4f}", r["same_top_token"]]
+                              for r in rows], align="rrl"))
         _write_record(args.output, command, machine, {"batch_logits": rows})
         return 0
     if args.guard or args.profile:
         from trace_dspy.cli.common import Settings
         from trace_dspy.data.sources import resolve_source
-        from trace_dspy.store.artifacts import load_for_run
+        from trace_dspy.workflows.loading import load_for_run
 
         source = resolve_source(args.data, seed=args.seed)
         examples = load_test(source, view="trace", limit=args.limit, seed=args.seed)
         retriever = load_for_run("default", Settings(), data=source, seed=args.seed).program.retriever
         if args.profile:
             result = measure_profile(examples, retriever=retriever)
-            print("| measure | value |\n| --- | ---: |")
-            for key, value in result.items():
-                print(f"| {key} | {value:.3f} |" if isinstance(value, float) else f"| {key} | {value} |")
+            print(markdown_table(["measure", "value"], [[key, f"{value:.3f}" if isinstance(value, float) else value]
+                                                        for key, value in result.items()]))
             _write_record(args.output, command, machine, result)
             return 0
         result = measure_guard(examples, retriever=retriever)
-        print("| loop guard | seconds per dialogue | completion tokens | loops cut |\n| --- | ---: | ---: | ---: |")
-        for name in ("guard_off", "guard_on"):
-            r = result[name]
-            print(f"| {name} | {r['seconds_per_dialogue']:.2f} | {r['completion_tokens']} | "
-                  f"{r['loop_guard'].get('loops_cut', 0)} |")
+        print(markdown_table(["loop guard", "seconds per dialogue", "completion tokens", "loops cut"],
+                             [[name, f"{result[name]['seconds_per_dialogue']:.2f}", result[name]["completion_tokens"],
+                               result[name]["loop_guard"].get("loops_cut", 0)] for name in ("guard_off", "guard_on")]))
         print(f"identical outputs: {result['identical_outputs']} of {result['dialogues']}; "
               f"speed-up {result['speedup']:.2f}x")
         _write_record(args.output, command, machine, result)
         return 0
     if args.batching:
         rows = measure_batching()
-        print("| threads | sequences per batch | ms per step | ms per token |\n| ---: | ---: | ---: | ---: |")
-        for r in rows:
-            print(f"| {r['threads']} | {r['sequences']} | {r['ms_per_step']:.1f} | {r['ms_per_token']:.1f} |")
+        print(markdown_table(["threads", "sequences per batch", "ms per step", "ms per token"],
+                             [[r["threads"], r["sequences"], f"{r['ms_per_step']:.1f}", f"{r['ms_per_token']:.1f}"]
+                              for r in rows], align="rrrr"))
         _write_record(args.output, command, machine, {"batching": rows})
         return 0
 

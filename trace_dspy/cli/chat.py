@@ -183,12 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(ref: str | None, settings, data):
-    from trace_dspy.store.artifacts import (
-        DEFAULT_NAME,
-        load_for_run,
-        search_roots,
-        versions,
-    )
+    from trace_dspy.store.artifacts import DEFAULT_NAME, search_roots, versions
+    from trace_dspy.workflows.loading import load_for_run
 
     if ref is None:
         have_compiled = any(versions(DEFAULT_NAME, root) for root in search_roots())

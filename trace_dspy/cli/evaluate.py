@@ -34,12 +34,13 @@ from trace_dspy.cli.common import (
 )
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.jsonl import atomic_write_json
+from trace_dspy.core.tables import markdown_table
 from trace_dspy.data.sources import DataError, load_splits, load_test, resolve_source
 from trace_dspy.store.tracking import (
     log_params,
+    logged_or_warned,
     mlflow_run,
     numeric_metrics,
-    warn_not_logged,
 )
 from trace_dspy.workflows.evaluation import (
     ABLATIONS,
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
         source = resolve_source(settings.data_source(args.data), seed=args.seed)  # loud notice for the seed set
         examples = load_examples(args, source)
-        from trace_dspy.store.artifacts import load_for_run
+        from trace_dspy.workflows.loading import load_for_run
 
         loaded = load_for_run(args.program, settings, data=source, seed=args.seed)
         metric = build_metric(settings, loaded.lms)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"similarity: {metric.similarity_kind}; rows: {rows_path}; summary: {out_dir / 'summary.json'}")
 
     if not args.no_mlflow:
-        try:
+        with logged_or_warned(out_dir):
             with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment,
                             run_name=f"evaluate {args.program}", tags={"trace_dspy.kind": "evaluate"}) as run:
                 import mlflow
@@ -146,8 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                 mlflow.log_metrics(numeric_metrics(summary, args.split))
                 mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
                 print(f"mlflow run {run.info.run_id}")
-        except Exception as exc:  # the results are on disk already; say so rather than lose them
-            warn_not_logged(exc, out_dir)
     return 0
 
 
@@ -158,7 +157,7 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
     from dataclasses import replace
 
     from trace_dspy.optimize.scorers import paired_bootstrap_ci
-    from trace_dspy.store.artifacts import load_for_run
+    from trace_dspy.workflows.loading import load_for_run
 
     if args.program != "default":
         return fail("--ablation varies the configured program; use it with --program default")
@@ -189,9 +188,7 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
     def component(rows, name):  # failed rows and missing parts count 0, as in the composite
         return [0.0 if "error" in r else float((r.get("components") or {}).get(name) or 0.0) for r in rows]
 
-    lines = ["| variant | empathy | diff vs full [95% CI] | learned empathy | strategy fit | relevance | emotion_acc | "
-             "similarity | rules | Dist-2 | collapsed | failed | replies written | s/dialogue |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    table_rows = []
     table = {}
     for name, result in results.items():
         scores = [r.get("score", 0.0) for r in result.rows]
@@ -206,15 +203,18 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
         ci = "-" if name == "full" else f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]"
         cells = [f"{summ[k]:.4f}" if isinstance(summ.get(k), float) else "-"
                  for k in ("empathy_learned", "strategy_fit", "relevance", "emotion_acc", "similarity", "rules")]
-        lines.append(f"| {name} | {summ['empathy']:.4f} | {ci} | " + " | ".join(cells)
-                     + f" | {summ.get('dist2', 0):.1f} | {'yes' if summ.get('collapsed') else 'no'} | {summ['failed']} | "
-                     + f"{summ.get('reply_candidates_per_dialogue', 1.0):.2f} | {summ.get('seconds_per_dialogue', 0):.1f} |")
-    print("\n".join(lines))
+        table_rows.append([name, f"{summ['empathy']:.4f}", ci, *cells, f"{summ.get('dist2', 0):.1f}",
+                           "yes" if summ.get("collapsed") else "no", summ["failed"],
+                           f"{summ.get('reply_candidates_per_dialogue', 1.0):.2f}",
+                           f"{summ.get('seconds_per_dialogue', 0):.1f}"])
+    print(markdown_table(["variant", "empathy", "diff vs full [95% CI]", "learned empathy", "strategy fit", "relevance",
+                          "emotion_acc", "similarity", "rules", "Dist-2", "collapsed", "failed", "replies written",
+                          "s/dialogue"], table_rows, align="lrrrrrrrrrlrrr"))
     atomic_write_json(out_dir / "ablation.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
                                                   "run": parts, "table": table})
     print(f"rows and ablation.json in {out_dir}")
     if not args.no_mlflow:
-        try:
+        with logged_or_warned(out_dir):
             import mlflow
 
             with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment, run_name="ablation",
@@ -228,8 +228,6 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
                         log_params({"variant": name, "program": configs[name].to_dict()})
                         mlflow.log_metrics(numeric_metrics(row, args.split))
                 mlflow.log_artifact(str(out_dir / "ablation.json"))
-        except Exception as exc:
-            warn_not_logged(exc, out_dir)
     return 0
 
 

@@ -50,6 +50,7 @@ from trace_dspy.cli.common import (
     settings_from_args,
     setup_logging,
 )
+from trace_dspy.core.tables import markdown_table
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
 
 
@@ -109,22 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     search = search_weights(ed, ep["rows"], [sum(p.levels) for p in dev]) if args.search else None
 
     print(f"## EPITOME held-out posts ({ep['pairs']} pairs, {ep['posts']} posts): Spearman with human levels\n")
-    print("| component | ER | IP | EX | sum |\n| --- | ---: | ---: | ---: | ---: |")
-    for name, row in ep["spearman"].items():
-        print(f"| {name} | " + " | ".join(f"{row[c]:.3f}" if c in row else "-" for c in ("ER", "IP", "EX", "sum"))
-              + " |")
+    print(markdown_table(["component", "ER", "IP", "EX", "sum"], [
+        [name, *(f"{row[c]:.3f}" if c in row else "-" for c in ("ER", "IP", "EX", "sum"))]
+        for name, row in ep["spearman"].items()]))
     print("\n## The scorer as a classifier (EPITOME held-out posts)\n")
-    print("| mechanism | accuracy | macro-F1 | majority acc | majority macro-F1 | published acc | published macro-F1 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for mech in ("ER", "IP", "EX"):
-        row = meta["dev_table"][mech]
-        print(f"| {mech} | {row['accuracy']:.3f} | {row['macro_f1']:.3f} | {row['majority_accuracy']:.3f} | "
-              f"{row['majority_macro_f1']:.3f} | {PUBLISHED[mech]['accuracy']:.2f} | {PUBLISHED[mech]['macro_f1']:.2f} |")
+    print(markdown_table(
+        ["mechanism", "accuracy", "macro-F1", "majority acc", "majority macro-F1", "published acc",
+         "published macro-F1"],
+        [[mech, *(f"{meta['dev_table'][mech][k]:.3f}" for k in ("accuracy", "macro_f1", "majority_accuracy",
+                                                                 "majority_macro_f1")),
+          f"{PUBLISHED[mech]['accuracy']:.2f}", f"{PUBLISHED[mech]['macro_f1']:.2f}"] for mech in ("ER", "IP", "EX")]))
     print(f"\n## EmpatheticDialogues test ({len(examples)} items): AUC of gold against each negative\n")
-    print("| component | " + " | ".join(NEGATIVES) + " | mean on gold |\n| --- |" + " ---: |" * (len(NEGATIVES) + 1))
-    for name, row in ed_table.items():
-        print(f"| {name} | " + " | ".join(f"{row[k]:.3f}" if row[k] is not None else "-"
-                                          for k in (*NEGATIVES, "mean_gold")) + " |")
+    print(markdown_table(["component", *NEGATIVES, "mean on gold"], [
+        [name, *(f"{row[k]:.3f}" if row[k] is not None else "-" for k in (*NEGATIVES, "mean_gold"))]
+        for name, row in ed_table.items()]))
     if search:
         print("\n## Weight search (top 5: mixes with AUC >= 0.90 on every negative first, by EPITOME sum Spearman)\n")
         for r in search[:5]:

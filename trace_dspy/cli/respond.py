@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
             return fail(str(exc))
     try:
         settings = settings_from_args(args)
-        from trace_dspy.store.artifacts import load_for_run
+        from trace_dspy.workflows.loading import load_for_run
 
         loaded = load_for_run(args.program, settings, data=settings.data_source(args.data), announce_seed=False)
         program, default_lm = loaded.program, loaded.lms.default

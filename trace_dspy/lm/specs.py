@@ -224,6 +224,11 @@ def fresh_calls():
         _FRESH.reset(token)
 
 
+def use_lm(lm: dspy.LM | None):
+    """``dspy.context(lm=lm)``, or a context that changes nothing when ``lm`` is None."""
+    return dspy.context(lm=lm) if lm is not None else contextlib.nullcontext()
+
+
 def endpoint_rollout(endpoint: str, rollout_id: Any = None) -> int:
     """A rollout id that folds the endpoint into DSPy's cache key.
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.optimize.metric import HEADLINE_KEYS
 from trace_dspy.store.artifacts import read_manifest, read_program_state, resolve_local
 
 # The scores shown by default, in this order; --json has all of them.
-SCORE_KEYS = ("empathy", "collapsed", "distinct_replies", "empathy_learned", "strategy_fit", "emotion", "rules",
-              "similarity", "relevance", "emotion_acc", "group_acc", "bleu1", "rouge_l", "dist1", "dist2")
+SCORE_KEYS = HEADLINE_KEYS
 
 
 # Manifest fields that always differ between versions, or are shown elsewhere.

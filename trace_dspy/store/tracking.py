@@ -149,3 +149,16 @@ def warn_not_logged(exc: BaseException, results) -> None:
 
     print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {results}",
           file=sys.stderr)
+
+
+@contextmanager
+def logged_or_warned(results):
+    """Run the MLflow logging inside; if it fails, warn (naming ``results``) instead of raising.
+
+    For logging that follows results already on disk. Only ``Exception`` is
+    caught: KeyboardInterrupt and SystemExit still end the command.
+    """
+    try:
+        yield
+    except Exception as exc:  # the results are on disk already; say so rather than lose them
+        warn_not_logged(exc, results)

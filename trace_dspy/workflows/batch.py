@@ -132,7 +132,7 @@ def respond_batch(
 
     from trace_dspy.core.jsonl import ForeignFileError
     from trace_dspy.core.safety import redact
-    from trace_dspy.lm.specs import fresh_calls
+    from trace_dspy.lm.specs import fresh_calls, use_lm
 
     input_path, output_path = Path(input_path), Path(output_path)
     check_batch_paths(input_path, output_path)
@@ -150,8 +150,7 @@ def respond_batch(
         if isinstance(dialogue, Exception):
             return {"id": item_id, "line": line, "error": f"{input_path}:{line}: {dialogue}"}
         try:
-            with (fresh_calls() if item_id in retry else nullcontext()), \
-                    (dspy.context(lm=lm) if lm is not None else nullcontext()):
+            with (fresh_calls() if item_id in retry else nullcontext()), use_lm(lm):
                 pred = program(dialogue=dialogue)
         except DialogueError as exc:
             return {"id": item_id, "line": line, "error": f"{input_path}:{line}: {exc}"}

@@ -13,6 +13,7 @@ import dspy
 from dspy.utils.exceptions import DSPyError
 
 from trace_dspy.data.sources import load_splits
+from trace_dspy.optimize.metric import DELTA_KEYS
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.evaluation import (
@@ -259,7 +260,7 @@ def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict) -> Non
 
     log_params(cfg.record())
     metrics = {**numeric_metrics(before, "dev_before"), **numeric_metrics(after, "dev_after")}
-    for key in ("empathy", "emotion_acc", "group_acc", "similarity", "rules"):
+    for key in DELTA_KEYS:
         if key in before and key in after:
             metrics[f"dev_delta/{key}"] = after[key] - before[key]
     mlflow.log_metrics(metrics)

@@ -24,10 +24,13 @@ from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import progress, with_dspy_context
 from trace_dspy.core.jsonl import AppendWriter, read_records
 from trace_dspy.core.safety import redact
-from trace_dspy.lm.specs import fresh_calls
+from trace_dspy.core.tables import markdown_table
+from trace_dspy.lm.specs import fresh_calls, use_lm
 from trace_dspy.optimize.metric import (
     COMPONENTS,
+    DETAIL_KEYS,
     MECHANISMS,
+    SUMMARY_KEYS,
     EmpathyMetric,
     collapse_check,
     exemplar_replies,
@@ -175,8 +178,7 @@ def evaluate_program(
     failures = 0
 
     def task(example):
-        with (fresh_calls() if (example.get("sample_id") or example.dialogue) in retry else nullcontext()), \
-                (dspy.context(lm=lm) if lm is not None else nullcontext()):
+        with (fresh_calls() if (example.get("sample_id") or example.dialogue) in retry else nullcontext()), use_lm(lm):
             return run_one(program, metric, example)
 
     writer = AppendWriter(results_path) if results_path is not None else None
@@ -289,22 +291,18 @@ def format_table(summaries: dict[str, dict[str, Any]], keys: Sequence[str] | Non
     names = list(summaries)
     if keys is None:
         keys = [k for k in next(iter(summaries.values())) if k not in ("distributions", "similarity_kind")]
-    lines = ["| metric | " + " | ".join(names) + " |", "| --- |" + " ---: |" * len(names)]
+    rows = []
     for key in keys:
         cells = []
         for name in names:
             value = summaries[name].get(key)
             cells.append("-" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value))
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([key, *cells])
+    return markdown_table(["metric", *names], rows)
 
 
-TABLE_KEYS = ("n", "failed", "empathy", "collapsed", "distinct_replies", "emotion", "empathy_learned", "level_ER",
-              "level_IP", "level_EX", "strategy_fit", "relevance", "grounded", "rules", "similarity", "judge",
-              "copied_rate", "parrot_rate", "emotion_acc",
-              "group_acc", "bleu1", "bleu2", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2",
-              "length", "seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue",
-              "completion_tokens_per_dialogue")
+# The rows of the summary tables (evaluate, compile): every summary number but the details.
+TABLE_KEYS = tuple(k for k in SUMMARY_KEYS if k not in DETAIL_KEYS)
 
 
 def demo_replies(program) -> list[str]:

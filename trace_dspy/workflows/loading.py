@@ -1,0 +1,76 @@
+"""What a command runs: the uncompiled program built from settings and data, or a loaded artifact.
+
+Building the default program's runtime parts (the exemplar index, the emotion prior) from a data source is
+workflow work; the store layer below only saves and loads artifacts.
+"""
+
+from __future__ import annotations
+
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.lm.specs import LMSet
+from trace_dspy.store.artifacts import LoadedProgram, build_program, load_reference
+
+
+def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announce_seed: bool = True):
+    """The exemplar index over the training pool of ``data`` (cached by fingerprint)."""
+    if not config.retrieval.enabled:
+        return None
+    from trace_dspy.data.retrieval import cached_index
+    from trace_dspy.data.sources import DataSource, load_splits, resolve_source
+
+    source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=announce_seed)
+    splits = load_splits(source, seed=seed)
+    return cached_index(splits.train, config.retrieval, source.fingerprint)
+
+
+def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
+    """The emotion prior fitted on the training pool of ``data`` (cached by fingerprint), or None.
+
+    A pool too small to fit one (the seed set) gets the prior that ships in
+    the package (fitted on the ED pool). None, with a note on stderr, when the
+    prior is off or cannot be fitted (no ``embed`` extra); the emotion stage
+    then decides alone, and its ``emotion_path`` output says so.
+    """
+    if config.prior_k == 0:
+        return None
+    import sys
+
+    from trace_dspy.data.sources import DataSource, resolve_source
+    from trace_dspy.program.emotion_prior import (
+        MIN_TRAIN,
+        PriorError,
+        cached_prior,
+        cached_prior_path,
+        shipped_prior,
+    )
+
+    source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=False)
+    if len(source.pool) < MIN_TRAIN:
+        return shipped_prior()
+    if not cached_prior_path(source, seed=seed).is_file():
+        print(f"emotion prior: fitting on the {len(source.pool)}-sample pool (once per data set, then cached)",
+              file=sys.stderr)
+    try:
+        return cached_prior(source, seed=seed)
+    except PriorError as exc:
+        print(f"emotion prior: not used ({exc})", file=sys.stderr)
+        return None
+
+
+def load_for_run(ref: str, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
+                 announce_seed: bool = True) -> LoadedProgram:
+    """What a command runs: the uncompiled program for 'default', else a loaded artifact.
+
+    The default program retrieves exemplars from the training pool of ``data``.
+    Models chosen on the command line (or in an [lm] table) win over the ones
+    recorded in the artifact.
+    """
+    if ref == "default":
+        lms = LMSet(settings.lm)
+        program = build_program(settings.program, None)
+        program.retriever = default_retriever(settings.program, data, seed=seed, announce_seed=announce_seed)
+        program.emotion_prior = default_prior(settings.program, data, seed=seed)
+        program.set_stage_lms(lms.stage_lms())
+        return LoadedProgram(program, lms, {}, None, "default")
+    return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri,
+                          trust_lm=settings.trust_artifact_lm, timeout=settings.timeout)
