@@ -21,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from trace_dspy.cli.common import fail, setup_logging
+from trace_dspy.cli.common import check_refit, fail, setup_logging
 
 REPRODUCE_LIMIT = 300
 # Fixed pairs whose scores are recorded with the weights: a change in how
@@ -87,16 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             shipped = Head.load(output)
         except ScorerError as exc:
             return fail(str(exc))
-        reproduce = shipped.meta.get("reproduce") or {}
-        if args.limit is None:
-            expected = shipped.meta.get("dev_table")
-        elif args.limit == reproduce.get("limit"):
-            expected = reproduce.get("dev_table")
-        else:
-            return fail(f"--check compares a full refit, or one with --limit {reproduce.get('limit')}")
-        same = _same_table(expected or {}, result.table)
-        print(("matches " if same else "DIFFERS from ") + str(output))
-        return 0 if same else 1
+        return check_refit(shipped.meta, args.limit, result.table, _same_table, output)
     result.head.meta["command"] = command
     if args.limit is None:
         from trace_dspy.optimize.empathy import EmpathyScorer

@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from trace_dspy.cli.common import fail, setup_logging
+from trace_dspy.cli.common import check_refit, fail, setup_logging
 
 REPRODUCE_LIMIT = 400
 PROBES = (
@@ -115,16 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             shipped = RelevanceHead.load(output)
         except RelevanceError as exc:
             return fail(str(exc))
-        reproduce = shipped.meta.get("reproduce") or {}
-        if args.limit is None:
-            expected = shipped.meta.get("dev_table")
-        elif args.limit == reproduce.get("limit"):
-            expected = reproduce.get("dev_table")
-        else:
-            return fail(f"--check compares a full refit, or one with --limit {reproduce.get('limit')}")
-        same = same_table(expected or {}, result.table)
-        print(("matches " if same else "DIFFERS from ") + str(output))
-        return 0 if same else 1
+        return check_refit(shipped.meta, args.limit, result.table, same_table, output)
     m["command"] = command
     if args.limit is None:
         small = fit_pool(pool_rows(source, REPRODUCE_LIMIT, args.seed), embedder.encode, seed=args.seed)

@@ -127,18 +127,10 @@ def _clean_stale_tmp(folder: Path) -> None:
             continue
 
 
-def save_artifact(
-    program: dspy.Module,
-    manifest: dict[str, Any],
-    *,
-    name: str = DEFAULT_NAME,
-    root: str | os.PathLike | None = None,
-    extra_files: dict[str, Path] | None = None,
-    extra_dirs: dict[str, Path] | None = None,
-) -> Path:
-    """Write a new immutable version; returns its folder (``write_artifact`` also returns the manifest)."""
-    return write_artifact(program, manifest, name=name, root=root, extra_files=extra_files,
-                          extra_dirs=extra_dirs)[0]
+def save_artifact(program: dspy.Module, manifest: dict[str, Any], **options: Any) -> Path:
+    """Write a new immutable version; returns its folder (``write_artifact``, same options, also returns
+    the manifest as written)."""
+    return write_artifact(program, manifest, **options)[0]
 
 
 def write_artifact(
