@@ -268,8 +268,9 @@ def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_mode
 def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     """Best-of-N candidates share their whole prompt: the second one must not reset or restore the context."""
     from trace_dspy.lm import engine as engine_module
+    from trace_dspy.lm.specs import local_lm
 
-    lm = engine_module.local_lm(cache=False)
+    lm = local_lm(cache=False)
     ask = [{"role": "system", "content": "You are kind."},
            {"role": "user", "content": "Say something kind to a friend who lost a game."}]
     lm(messages=ask, temperature=1.0, max_tokens=3)
