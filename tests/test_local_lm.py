@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import threading
 
 import dspy
@@ -116,6 +117,31 @@ def test_engine_pickles_and_saves_settings_only():
     clone = pickle.loads(pickle.dumps(engine))
     assert clone.settings() == engine.settings()
     assert LlamaEngine.load_state(engine.dump_state()).settings() == engine.settings()
+
+
+def test_models_load_without_extra_weight_buffers(local_model, monkeypatch):
+    """The engine loads with use_extra_bufts off (AMX/repack buffers crash where AMX is advertised but not
+    granted) and puts llama-cpp-python's defaults back afterwards, also when loading fails."""
+    import llama_cpp
+
+    import trace_dspy.lm.engine as mod
+
+    low = sys.modules["llama_cpp.llama_cpp"]
+    original = low.llama_model_default_params
+    assert original().use_extra_bufts  # llama.cpp's own default, which the wrapper turns off
+    seen = []
+
+    class Recording:
+        def __init__(self, **kwargs):
+            seen.append(low.llama_model_default_params().use_extra_bufts)
+            raise RuntimeError("stop before loading")
+
+    monkeypatch.setattr(llama_cpp, "Llama", Recording)
+    monkeypatch.setattr(mod, "_MODELS", {})
+    with pytest.raises(RuntimeError, match="stop before loading"):
+        mod._load_model(str(local_model), 512, 1, 0)
+    assert seen == [False]
+    assert low.llama_model_default_params is original
 
 
 # ---------------------------------------------------------------- real model

@@ -23,6 +23,10 @@ from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
 from trace_dspy.lm.specs import GrammarLM, LMSpec, build_lm
 
+# llama-cpp-python's server, started through the project's wrapper so that it loads the model with plain weight
+# buffers, as the embedded engine does (a CPU that advertises AMX without granting it crashes otherwise).
+SERVE = "import sys; from trace_dspy.lm.engine import run_llama_server; run_llama_server(sys.argv[1:])"
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -42,7 +46,7 @@ def llama_server(local_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(local_model), "--host", "127.0.0.1",
+            [sys.executable, "-c", SERVE, "--model", str(local_model), "--host", "127.0.0.1",
              "--port", str(port), "--n_ctx", "4096", "--model_alias", "smollm2", "--n_threads", "2"],
             stdout=fh, stderr=subprocess.STDOUT,
         )

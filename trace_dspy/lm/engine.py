@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import ast
 import atexit
+import contextlib
 import ctypes
 import importlib.util
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -79,6 +81,43 @@ def import_llama():
     except ImportError:
         raise LocalModelError(MISSING_EXTRA) from None
     return llama_cpp
+
+
+@contextlib.contextmanager
+def plain_weight_buffers(llama_cpp):
+    """Load models inside this block without llama.cpp's extra weight buffer types.
+
+    llama.cpp moves weights into "extra" buffers (AMX tiles, repacked layouts) when the CPU advertises the
+    instructions. On machines that advertise AMX but do not grant it to the process (seen on a sandboxed Xeon),
+    the first decode then dies with a segmentation fault, taking the whole Python process down.
+    llama-cpp-python 0.3.36 has no keyword for ``use_extra_bufts``, so the default model parameters are
+    wrapped while a model loads. The caller holds a lock (it swaps a module attribute).
+    """
+    module = sys.modules["llama_cpp.llama_cpp"]
+    original = module.llama_model_default_params
+
+    def defaults():
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    module.llama_model_default_params = defaults
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = original
+
+
+def run_llama_server(argv: list[str] | None = None) -> None:
+    """llama-cpp-python's OpenAI-compatible server with plain weight buffers (see plain_weight_buffers)."""
+    llama_cpp = import_llama()
+    try:
+        from llama_cpp.server.__main__ import main
+    except ImportError:
+        raise LocalModelError("the server needs the 'server' extra: pip install 'trace-dspy[server]'") from None
+    sys.argv = ["llama_cpp.server", *(sys.argv[1:] if argv is None else argv)]
+    with plain_weight_buffers(llama_cpp):  # the server loads its model once, at start
+        main()
 
 
 # ---------------------------------------------------------------- output grammar
@@ -244,8 +283,9 @@ def _load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> _Loaded:
             llama_cpp = import_llama()
             if not Path(path).is_file():
                 raise LocalModelError(f"model file not found: {path}")
-            llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                    seed=seed, verbose=False)
+            with plain_weight_buffers(llama_cpp):
+                llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
+                                        n_threads_batch=n_threads, seed=seed, verbose=False)
             loaded = _MODELS[key] = _Loaded(llama, threading.Lock(), OrderedDict(), *_formatters(llama))
             if len(_MODELS) == 1:
                 atexit.register(_close_models)
