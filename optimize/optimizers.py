@@ -15,8 +15,11 @@ import dspy
 
 from trace_dspy.core.config import ConfigError, from_table
 
-OPTIMIZERS = ("labeled", "bootstrap", "mipro", "gepa", "simba")
-DEFAULT_OPTIMIZER = "bootstrap"
+OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
+# "select" keeps the uncompiled program among its candidates, so a compile cannot ship a program that scored
+# worse on the selection set; plain bootstrapping collapsed to one copied demo reply on the seed set
+# (docs/benchmarks.md, "The default compile").
+DEFAULT_OPTIMIZER = "select"
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class OptimizerConfig:
     max_bootstrapped_demos: int = 2
     max_labeled_demos: int = 2
     max_rounds: int = 1
+    # select: shuffled bootstrap candidates beyond the three fixed ones (uncompiled, labeled, bootstrapped)
+    select_candidates: int = 0
     # mipro
     mipro_candidates: int = 3
     mipro_trials: int = 4
@@ -49,6 +54,7 @@ class OptimizerConfig:
     def settings(self) -> dict[str, Any]:
         """Only the settings this optimizer uses (for manifests and MLflow params)."""
         used = {
+            "select": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates"),
             "labeled": ("max_labeled_demos",),
             "bootstrap": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds"),
             "mipro": ("max_bootstrapped_demos", "max_labeled_demos", "mipro_candidates", "mipro_trials"),
@@ -76,6 +82,32 @@ def _bootstrap(cfg, program, metric, trainset, valset, prompt_lm):
     optimizer = dspy.BootstrapFewShot(metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                                       max_labeled_demos=cfg.max_labeled_demos, max_rounds=cfg.max_rounds)
     return optimizer.compile(program, trainset=trainset)
+
+
+def _select(cfg, program, metric, trainset, valset, prompt_lm):
+    """DSPy's BootstrapFewShotWithRandomSearch: score each candidate on ``valset``, keep the best.
+
+    The candidates are the uncompiled program, labeled demos only, bootstrapped
+    demos, and ``select_candidates`` more bootstraps from shuffled training
+    sets. Every candidate's score is kept on the result as ``selection``.
+    """
+    import contextlib
+    import sys
+
+    optimizer = dspy.BootstrapFewShotWithRandomSearch(
+        metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos, max_labeled_demos=cfg.max_labeled_demos,
+        max_rounds=cfg.max_rounds, num_candidate_programs=cfg.select_candidates, num_threads=1)
+    # The optimizer reports its progress with print(); stdout is the command's result table.
+    with contextlib.redirect_stdout(sys.stderr):
+        best = optimizer.compile(program, trainset=trainset, valset=valset or trainset)
+    kinds = {-3: "uncompiled", -2: "labeled", -1: "bootstrap"}
+    candidates = getattr(best, "candidate_programs", [])
+    best.selection = [{"candidate": kinds.get(c["seed"], f"bootstrap-shuffled-{c['seed']}"),
+                       "score": round(float(c["score"]) / 100.0, 4), "chosen": c["program"] is best}
+                      for c in sorted(candidates, key=lambda c: c["seed"])]
+    if hasattr(best, "candidate_programs"):
+        del best.candidate_programs  # every candidate program: not part of the compiled artifact
+    return best
 
 
 def _mipro(cfg, program, metric, trainset, valset, prompt_lm):
@@ -109,7 +141,7 @@ def _simba(cfg, program, metric, trainset, valset, prompt_lm):
 
 
 COMPILERS: dict[str, Compiler] = {
-    "labeled": _labeled, "bootstrap": _bootstrap, "mipro": _mipro, "gepa": _gepa, "simba": _simba,
+    "select": _select, "labeled": _labeled, "bootstrap": _bootstrap, "mipro": _mipro, "gepa": _gepa, "simba": _simba,
 }
 
 

@@ -3,7 +3,10 @@
     python -m trace_dspy.compile                      # offline, embedded model, defaults
     python -m trace_dspy.compile --optimizer gepa --prompt-lm openai/gpt-4o --train 64 --dev 32
 
-A compile evaluates the uncompiled program on dev, compiles, evaluates the
+A compile evaluates the uncompiled program on dev, compiles (by default
+``select``: the uncompiled, labeled-demo and bootstrapped programs are scored
+on a selection set drawn apart from train and dev, and the best is kept),
+evaluates the
 compiled program on the same dev set, saves ``artifacts/<name>/vNNNN/``, logs
 an MLflow run (params, before/after metrics, artifacts), registers a model
 version, and moves the ``champion`` alias when the dev score beats the
@@ -35,10 +38,12 @@ from trace_dspy.workflows.evaluation import FailureRateExceeded
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.compile", description=__doc__.split("\n\n")[0])
     opt = parser.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: bootstrap (see docs/benchmarks.md)")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: select (the best of the uncompiled, labeled and bootstrapped programs "
+                                                          "on a selection set; see docs/benchmarks.md)")
     opt.add_argument("--max-demos", type=int, dest="max_bootstrapped_demos", help="bootstrapped demos per stage")
     opt.add_argument("--max-labeled", type=int, dest="max_labeled_demos", help="labeled demos per stage")
     opt.add_argument("--max-rounds", type=int, help="bootstrap rounds")
+    opt.add_argument("--select-candidates", type=int, help="select: extra shuffled bootstrap candidates (default 0)")
     opt.add_argument("--mipro-candidates", type=int, help="MIPROv2 instruction/demo candidates")
     opt.add_argument("--mipro-trials", type=int, help="MIPROv2 trials")
     opt.add_argument("--gepa-max-metric-calls", type=int, help="GEPA budget in metric calls")
@@ -48,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--simba-bsize", type=int, help="SIMBA minibatch size")
     parser.add_argument("--train", type=int, help="training examples (default 16)")
     parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
+    parser.add_argument("--val", type=int, help="selection examples, from the training side, apart from the train "
+                                                "sample (default 8)")
     parser.add_argument("--name", help="artifact name (default trace-dspy)")
     parser.add_argument("--artifacts-dir", help="artifact root (default $TRACE_DSPY_ARTIFACTS or ./artifacts)")
     parser.add_argument("--threads", type=int, help="parallel evaluation calls (default 4)")
@@ -66,8 +73,8 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     settings = settings_from_args(args)
     opt_table = dict(settings.raw.get("optimizer") or {})
     data_table = dict(settings.raw.get("data") or {})
-    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "mipro_candidates", "mipro_trials",
-                "gepa_max_metric_calls", "gepa_minibatch", "simba_steps", "simba_candidates", "simba_bsize"):
+    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "mipro_candidates",
+                "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps", "simba_candidates", "simba_bsize"):
         if getattr(args, key) is not None:
             opt_table[key] = getattr(args, key)
     if args.optimizer:
@@ -79,6 +86,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
         data=settings.data_source(args.data),
         train=args.train if args.train is not None else data_table.get("train", 16),
         dev=args.dev if args.dev is not None else data_table.get("dev", 16),
+        val=args.val if args.val is not None else data_table.get("val", 8),
         seed=args.seed,
         name=args.name or "trace-dspy",
         artifacts_dir=args.artifacts_dir,
@@ -93,6 +101,8 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     )
     if cfg.train < 1 or cfg.dev < 1:
         raise ConfigError("--train and --dev must be at least 1")
+    if cfg.val < 0:
+        raise ConfigError("--val must be at least 0")
     return cfg
 
 

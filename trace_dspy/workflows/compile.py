@@ -34,6 +34,9 @@ class CompileConfig:
     data: str | None = None
     train: int = 16
     dev: int = 16
+    # Selection set for optimizers that score candidates (select, mipro, gepa): drawn from the training side,
+    # apart from the train sample, so that dev stays a held-out before/after comparison.
+    val: int = 8
     seed: int = 0
     name: str = "trace-dspy"
     artifacts_dir: str | None = None
@@ -53,7 +56,8 @@ class CompileConfig:
             "lm": self.settings.lm.to_dict(),
             "metric": self.settings.raw.get("metric") or {},
             "optimizer": self.optimizer.settings(),
-            "data": {"source": self.data, "train": self.train, "dev": self.dev, "seed": self.seed},
+            "data": {"source": self.data, "train": self.train, "dev": self.dev, "val": self.val,
+                     "seed": self.seed},
             "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment,
                     "registered_model": self.registered_model, "max_failure_rate": self.max_failure_rate},
         }
@@ -91,7 +95,9 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
     started = time.perf_counter()
     splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
     source = splits.source
-    _log(f"data: {source.kind} {source.location}: {len(splits.train)} train, {len(splits.dev)} dev examples")
+    val = selection_set(source, splits.train, cfg.val, seed=cfg.seed)
+    _log(f"data: {source.kind} {source.location}: {len(splits.train)} train, {len(val)} selection, "
+         f"{len(splits.dev)} dev examples")
     lms = LMSet(cfg.settings.lm)
     from trace_dspy.data.retrieval import cached_index
 
@@ -120,12 +126,16 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             _log(f"2/4 compiling with {cfg.optimizer.name}")
             with dspy.context(lm=lms.default):
                 try:
-                    compiled = compile_program(cfg.optimizer, program, metric, splits.train, splits.dev,
+                    compiled = compile_program(cfg.optimizer, program, metric, splits.train, val,
                                                prompt_lm=prompt_lm)
                 except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
                     first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
                     raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
                                         f"{first}") from exc
+            selection = getattr(compiled, "selection", None)
+            if selection:
+                _log("selection scores: " + ", ".join(
+                    f"{c['candidate']} {c['score']:.3f}{' (chosen)' if c['chosen'] else ''}" for c in selection))
             _log("3/4 evaluating the compiled program on dev")
             after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                      results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
@@ -140,12 +150,12 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             run_id = run.info.run_id if run is not None else None
             manifest = {
                 "config": cfg.record(),
-                "optimizer": cfg.optimizer.settings(),
+                "optimizer": {**cfg.optimizer.settings(), **({"selection": selection} if selection else {})},
                 "metric": {"name": metric.name, "config": metric.config.to_dict(),
                            "similarity_kind": metric.similarity_kind},
                 "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
                 "data": {**source.describe(), "train_ids": [e.sample_id for e in splits.train],
-                         "dev_ids": [e.sample_id for e in splits.dev]},
+                         "val_ids": [e.sample_id for e in val], "dev_ids": [e.sample_id for e in splits.dev]},
                 # The registry version is not known yet: MLflow records it (tag trace_dspy.registry_version).
                 "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
                            "registered_model": cfg.registered_model if run is not None else None},
@@ -192,6 +202,26 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 mlflow.set_tag("trace_dspy.champion", str(promoted))
     return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
                          time.perf_counter() - started)
+
+
+def selection_set(source, train: list, size: int, *, seed: int = 0) -> list:
+    """``size`` seeded examples from the training side of ``source`` that are not in ``train``.
+
+    Optimizers that score candidates (select, mipro, gepa) score them here,
+    never on dev. When the training side has no other conversations (a tiny
+    pool), the train sample itself is returned, and the log says so.
+    """
+    import random
+
+    if size <= 0:
+        return []
+    taken = {e.conversation_id for e in train}
+    rest = [e for e in load_splits(source, seed=seed).train if e.conversation_id not in taken]
+    if not rest:
+        _log("selection: no training conversations beyond the train sample; candidates are scored on train")
+        return list(train)
+    picked = sorted(random.Random(seed + 1).sample(range(len(rest)), min(size, len(rest))))
+    return [rest[i] for i in picked]
 
 
 def _fit_prior(cfg: CompileConfig, source):

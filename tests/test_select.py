@@ -1,0 +1,81 @@
+"""The default optimizer, ``select``: candidates scored on a selection set apart from train and dev."""
+
+from __future__ import annotations
+
+import dspy
+from dspy.lm15 import Message, Response, TextPart, Usage
+from trace_dspy.optimize.metric import EmpathyMetric
+from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig, compile_program
+
+from trace_dspy import TraceProgram
+from trace_dspy.data.sources import load_splits, resolve_source
+from trace_dspy.testing.fakes import ScriptedEngine
+from trace_dspy.workflows.compile import selection_set
+
+TRAIN_REPLY = "Oh no, that ring meant so much to you. Did anyone hand it in at the beach office?"
+
+
+def reply_for(outputs, inputs):
+    if "response" in outputs:  # a distinct, on-topic reply per dialogue
+        words = inputs["dialogue"].split()[-4:]
+        return {"response": f"That sounds hard; {' '.join(words)} what happened next?"}
+    return {}
+
+
+class PastingEngine(ScriptedEngine):
+    """A model that, once it sees a demo, answers with the demo's completion verbatim (the collapse users saw)."""
+
+    def complete(self, request):
+        shown = [m for m in request.messages if m.role == "assistant"]
+        if not shown:
+            return super().complete(request)
+        text = shown[-1].text or ""
+        return Response(id=None, model="pasting", message=Message.assistant([TextPart(text)]), finish_reason="stop",
+                        usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2))
+
+
+def examples(prefix, n):
+    return [dspy.Example(dialogue=f"Speaker: I lost my grandmother's ring at the beach on day {i} of {prefix}.",
+                         emotion="sad", response=TRAIN_REPLY, sample_id=f"{prefix}{i}").with_inputs("dialogue")
+            for i in range(n)]
+
+
+def test_the_default_optimizer_keeps_the_uncompiled_program_when_demos_get_pasted():
+    engine = PastingEngine(responder=reply_for)
+    lm = dspy.LM("fake/pasting", engine=engine, cache=False)
+    metric = EmpathyMetric(embedder=None, copy_sources=[TRAIN_REPLY])
+    assert DEFAULT_OPTIMIZER == "select"
+    cfg = OptimizerConfig(max_bootstrapped_demos=1, max_labeled_demos=1)
+    with dspy.context(lm=lm):
+        compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3))
+        reply = compiled(dialogue="Speaker: My cat has been missing since Sunday.").response
+    kinds = [c["candidate"] for c in compiled.selection]
+    assert kinds == ["uncompiled", "labeled", "bootstrap"]
+    chosen = [c for c in compiled.selection if c["chosen"]]
+    assert [c["candidate"] for c in chosen] == ["uncompiled"]
+    # The pasting candidates score 0 on every selection item (copy guard); the uncompiled one does not.
+    scores = {c["candidate"]: c["score"] for c in compiled.selection}
+    assert scores["labeled"] == 0.0 and scores["uncompiled"] > 0.0
+    assert all(not p.demos for _, p in compiled.named_predictors())
+    assert reply != TRAIN_REPLY and "Sunday" in reply
+    assert not hasattr(compiled, "candidate_programs")  # the other candidates are not carried into the artifact
+
+
+def test_the_selection_set_is_seeded_and_apart_from_train_and_dev():
+    source = resolve_source(None, announce_seed=False)
+    splits = load_splits(source, seed=0, train_size=16, dev_size=14)
+    val = selection_set(source, splits.train, 8, seed=0)
+    assert len(val) == 8
+    val_convs = {e.conversation_id for e in val}
+    assert not val_convs & {e.conversation_id for e in splits.train}
+    assert not val_convs & {e.conversation_id for e in splits.dev}
+    assert [e.sample_id for e in selection_set(source, splits.train, 8, seed=0)] == [e.sample_id for e in val]
+    assert [e.sample_id for e in selection_set(source, splits.train, 8, seed=3)] != [e.sample_id for e in val]
+    assert selection_set(source, splits.train, 0, seed=0) == []
+
+
+def test_a_pool_with_nothing_beyond_the_train_sample_scores_candidates_on_train(capsys):
+    source = resolve_source(None, announce_seed=False)
+    everything = load_splits(source, seed=0).train
+    assert selection_set(source, everything, 8, seed=0) == everything
+    assert "scored on train" in capsys.readouterr().err
