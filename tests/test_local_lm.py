@@ -290,6 +290,31 @@ def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_mode
     assert greedy(messages=ask, temperature=0.0, max_tokens=8) == greedy(messages=ask, temperature=0.0, max_tokens=8)
 
 
+def test_sampled_calls_keep_only_likely_tokens_and_the_setting_names_the_lm():
+    from trace_dspy.lm.engine import SAMPLE_MIN_P
+    from trace_dspy.lm.specs import local_lm
+
+    assert LlamaEngine().sample_min_p == SAMPLE_MIN_P
+    with pytest.raises(ValueError, match="sample_min_p"):
+        LlamaEngine(sample_min_p=1.0)
+    # The setting changes sampled answers, so it is part of the LM's name (DSPy's cache key).
+    assert local_lm(cache=False).model == local_lm(cache=False, sample_min_p=SAMPLE_MIN_P).model
+    assert local_lm(cache=False, sample_min_p=0.05).model.endswith("+minp0.05")
+
+
+@pytest.mark.slow
+def test_min_p_reaches_llama_cpp(local_model):
+    """With min-p near 1 only the top token survives, so a temperature-1.0 sample is the greedy answer."""
+    from trace_dspy.lm.specs import local_lm
+
+    ask = [{"role": "user", "content": "Say something kind to a friend who lost a game."}]
+    greedy = local_lm(cache=False)(messages=ask, temperature=0.0, max_tokens=16)
+    narrow = local_lm(cache=False, sample_min_p=0.999)
+    assert [narrow(messages=ask, temperature=1.0, max_tokens=16) for _ in range(2)] == [greedy, greedy]
+    wide = local_lm(cache=False, sample_min_p=0.0)
+    assert len({wide(messages=ask, temperature=1.0, max_tokens=16)[0] for _ in range(3)}) >= 2
+
+
 @pytest.mark.slow
 def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     """Best-of-N candidates share their whole prompt: the second one must not reset or restore the context."""

@@ -170,3 +170,25 @@ def test_status_line_on_a_terminal_only(fake_models, capsys, monkeypatch, tty):
         assert terminal.text.endswith("\r\033[K")  # the line is wiped before the reply is printed
     else:
         assert "thinking" not in terminal.text and "\033" not in terminal.text
+
+
+def test_without_program_respond_and_chat_run_the_newest_artifact(fake_models, tmp_path, monkeypatch, capsys):
+    import dspy
+
+    from trace_dspy import ProgramConfig
+    from trace_dspy.cli.chat import _load
+    from trace_dspy.store.artifacts import save_artifact
+    from trace_dspy.workflows.loading import default_reference
+    from trace_dspy.workflows.settings import Settings
+
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path))
+    program = TraceProgram()
+    program.generate_response.signature = program.generate_response.signature.with_instructions("Be brief.")
+    program.recognize_emotion.demos = [dspy.Example(dialogue="Speaker: yay", emotion="joyful")]
+    folder = save_artifact(program, {"config": {"program": ProgramConfig().to_dict(), "lm": {}}}, root=tmp_path,
+                           name="trace-dspy")
+    assert default_reference() == "trace-dspy@latest"
+    assert main(["I lost my keys."]) == 0
+    assert capsys.readouterr().out.strip() == "heard: Speaker: I lost my keys."
+    assert fake_models.calls[-1].instructions == "Be brief."
+    assert _load(None, Settings(), None).path == folder

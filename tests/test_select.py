@@ -79,3 +79,18 @@ def test_a_pool_with_nothing_beyond_the_train_sample_scores_candidates_on_train(
     everything = load_splits(source, seed=0).train
     assert selection_set(source, everything, 8, seed=0) == everything
     assert "scored on train" in capsys.readouterr().err
+
+
+def test_the_selection_size_comes_from_the_flag_or_the_data_table(tmp_path):
+    import pytest
+
+    from trace_dspy.cli.compile import config_from_args
+    from trace_dspy.core.config import ConfigError
+
+    assert config_from_args(["--no-mlflow"]).val == 8
+    (tmp_path / "c.toml").write_text("[data]\nval = 3\n")
+    assert config_from_args(["--config", str(tmp_path / "c.toml")]).val == 3
+    assert config_from_args(["--config", str(tmp_path / "c.toml"), "--val", "5"]).val == 5
+    assert config_from_args(["--no-mlflow"]).record()["data"]["val"] == 8
+    with pytest.raises(ConfigError, match="--val"):
+        config_from_args(["--val", "-1"])

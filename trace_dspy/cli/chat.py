@@ -183,13 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(ref: str | None, settings, data):
-    from trace_dspy.store.artifacts import DEFAULT_NAME, search_roots, versions
     from trace_dspy.workflows.loading import load_for_run
 
-    if ref is None:
-        have_compiled = any(versions(DEFAULT_NAME, root) for root in search_roots())
-        ref = f"{DEFAULT_NAME}@latest" if have_compiled else "default"
-    return load_for_run(ref, settings, data=data, announce_seed=False)
+    return load_for_run(ref, settings, data=data, announce_seed=False)  # None: trace-dspy@latest, else uncompiled
 
 
 def main(argv: list[str] | None = None) -> int:

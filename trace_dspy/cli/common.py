@@ -44,9 +44,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     unknown = set(raw) - KNOWN_TABLES
     if unknown:
         raise ConfigError(f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}")
-    bad_data = set(raw.get("data") or {}) - {"source", "train", "dev"}
+    bad_data = set(raw.get("data") or {}) - {"source", "train", "dev", "val"}
     if bad_data:
-        raise ConfigError(f"[data] unknown keys: {', '.join(sorted(bad_data))}; use source, train, dev")
+        raise ConfigError(f"[data] unknown keys: {', '.join(sorted(bad_data))}; use source, train, dev, val")
     program = ProgramConfig.from_dict(raw.get("program"))
     lm = LMConfig.from_dict(raw.get("lm")).with_overrides(
         lm=args.lm, api_base=args.api_base, api_key_env=args.api_key_env,

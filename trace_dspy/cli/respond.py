@@ -45,29 +45,6 @@ C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
 
 
 
-
-
-
-# ---------------------------------------------------------------- batch
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------- CLI
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.respond", description=__doc__.split("\n\n")[0])
     parser.add_argument("message", nargs="*", help="the speaker's message (or a Speaker:/Listener: dialogue)")
@@ -76,9 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, help="JSONL file to write replies to (with --input)")
     parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1)")
     parser.add_argument("--json", action="store_true", help="print the whole prediction as JSON")
-    parser.add_argument("--program", default="default",
-                        help="'default' (uncompiled) or a compiled program: trace-dspy@latest, an artifact "
-                             "folder, champion, models:/..., runs:/...")
+    parser.add_argument("--program", default=None,
+                        help="trace-dspy@latest (the default; the uncompiled program when there is none), "
+                             "'default' (uncompiled), an artifact folder, champion, models:/..., runs:/...")
     parser.add_argument("--data", help="pool for retrieved exemplars (default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_model_args(parser)

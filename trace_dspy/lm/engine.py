@@ -59,6 +59,12 @@ DEFAULT_QUOTE_FIELDS = {"trigger_spans": "dialogue"}
 DEFAULT_TEXT_LIMITS = {"reasoning": 200}
 
 
+# min-p for sampled calls: llama.cpp's own default is 0.05; at DSPy's Best-of-N temperature of 1.0 that lets
+# the 135M model wander into incoherent stories, which the reward cannot always tell from an answer
+# (docs/benchmarks.md, "Coherent candidates").
+SAMPLE_MIN_P = 0.3
+
+
 class LocalModelError(RuntimeError):
     """The embedded model cannot be used; the message says what to install or fix."""
 
@@ -573,6 +579,7 @@ class LlamaEngine:
         text_limits: dict[str, int] | None = None,
         fast_greedy: bool = True,
         loop_guard: bool = True,
+        sample_min_p: float = SAMPLE_MIN_P,
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
@@ -591,6 +598,10 @@ class LlamaEngine:
         self.fast_greedy = bool(fast_greedy)
         # Fast greedy calls cut a free-text value that starts looping and close it.
         self.loop_guard = bool(loop_guard)
+        # Sampled calls (Best-of-N candidates) keep only tokens at least this likely relative to the top one.
+        self.sample_min_p = float(sample_min_p)
+        if not 0.0 <= self.sample_min_p < 1.0:
+            raise ValueError(f"sample_min_p must be in [0, 1), got {sample_min_p}")
         self.guard_counts: dict[str, int] = {}
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
@@ -605,7 +616,7 @@ class LlamaEngine:
             "seed": self.seed, "constrained": self.constrained, "prefix_cache": self.prefix_cache,
             "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
-            "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard,
+            "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard, "sample_min_p": self.sample_min_p,
         }
 
     def __getstate__(self):
@@ -668,6 +679,8 @@ class LlamaEngine:
         }
         if cfg.top_p is not None:
             kwargs["top_p"] = float(cfg.top_p)
+        if temperature > 0:
+            kwargs["min_p"] = self.sample_min_p
         grammar, grammar_text = self._grammar(system, messages[-1]["content"] if messages else "") \
             if self.constrained else (None, None)
         model = self._model()

@@ -304,7 +304,7 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
     the settings that change answers (constraints off, prefix reuse off).
     """
 
-    from trace_dspy.lm.engine import DEFAULT_MODEL_NAME, LlamaEngine, import_llama
+    from trace_dspy.lm.engine import DEFAULT_MODEL_NAME, SAMPLE_MIN_P, LlamaEngine, import_llama
 
     import_llama()  # fail early with the install hint
     engine = LlamaEngine(model_path, **engine_kwargs)
@@ -313,6 +313,7 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
         name += "" if engine.constrained else "+unconstrained"
         name += "" if engine.prefix_cache else "+noreuse"
         name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
+        name += "" if engine.sample_min_p == SAMPLE_MIN_P else f"+minp{engine.sample_min_p:g}"
     return TraceLM(name, engine=engine, cache=cache)
 
 

@@ -154,6 +154,14 @@ class TraceProgram(dspy.Module):
             setattr(new, key, copy.deepcopy(value, memo))
         return new
 
+    def deepcopy(self):
+        """DSPy's copy (``reset_copy``, optimizers), through ``__deepcopy__``: the shared parts stay shared.
+
+        DSPy's own ``Module.deepcopy`` tries to deep-copy every attribute and
+        warns for each one that cannot be (the retriever, the encoder).
+        """
+        return copy.deepcopy(self)
+
     def retrieve(self, dialogue: str, emotion: str | None) -> list[str]:
         """Exemplars for a dialogue from the retriever (empty without one)."""
         if self.retriever is None:

@@ -57,14 +57,31 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
         return None
 
 
-def load_for_run(ref: str, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
+def default_reference() -> str:
+    """The program a command runs when none is named: ``trace-dspy@latest``, or ``default`` when no artifact exists.
+
+    ``respond``, ``chat`` and the README's ``trace_dspy.load("trace-dspy@latest")``
+    all reach the same program this way. The repository ships one artifact,
+    so a checkout has a compiled program from the start; a compile adds a
+    newer one (its default optimizer keeps the uncompiled program when demos
+    do not help on the selection set).
+    """
+    from trace_dspy.store.artifacts import DEFAULT_NAME, search_roots, versions
+
+    have_compiled = any(versions(DEFAULT_NAME, root) for root in search_roots())
+    return f"{DEFAULT_NAME}@latest" if have_compiled else "default"
+
+
+def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
                  announce_seed: bool = True) -> LoadedProgram:
-    """What a command runs: the uncompiled program for 'default', else a loaded artifact.
+    """What a command runs: the uncompiled program for 'default', else a loaded artifact; None: default_reference().
 
     The default program retrieves exemplars from the training pool of ``data``.
     Models chosen on the command line (or in an [lm] table) win over the ones
     recorded in the artifact.
     """
+    if ref is None:
+        ref = default_reference()
     if ref == "default":
         lms = LMSet(settings.lm)
         program = build_program(settings.program, None)
