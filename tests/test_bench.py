@@ -193,3 +193,23 @@ def test_overhead_and_concurrency_commands_write_their_records(tmp_path, monkeyp
     (run,) = mlflow.search_runs(experiment_names=["trace-dspy-bench"], output_format="list")
     assert run.data.tags["trace_dspy.kind"] == "bench-overhead-cpu"
     assert run.data.metrics["per_stage_call/mean_ms"] == pytest.approx(record["result"]["per_stage_call"]["mean_ms"])
+
+
+def test_a_system_with_the_same_program_is_evaluated_once(monkeypatch):
+    """``select`` may keep the uncompiled program: the bench then shares its rows instead of a second run."""
+    from trace_dspy.bench.suite import System, run_quality
+    from trace_dspy.optimize.metric import EmpathyMetric
+
+    lm, engine = fake_lm(by_call)
+    examples = load_test(None, limit=3)
+    program = TraceProgram()
+    other = TraceProgram()
+    other.generate_response.signature = other.generate_response.signature.with_instructions("Be brief.")
+    systems = [System("trace", "", program), System("compiled_select", "", program.deepcopy()),
+               System("other", "", other)]
+    with dspy.context(lm=lm):
+        report = run_quality(systems, examples, EmpathyMetric(embedder=None), lm=lm)
+    assert len(engine.calls) == 2 * 3 * 4  # trace and other, three dialogues, four stages
+    assert report.summaries["compiled_select"]["same_program_as"] == "trace"
+    assert report.summaries["compiled_select"]["empathy"] == report.summaries["trace"]["empathy"]
+    assert "same_program_as" not in report.summaries["other"]

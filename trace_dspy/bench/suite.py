@@ -110,8 +110,13 @@ def count_lm_calls(fn, *args, **kwargs) -> tuple[Any, int]:
 
 def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Sequence[str], *, settings: Settings,
                   lms, retriever, train=(), dev=(), metric=None, optimizer_settings: dict | None = None,
-                  log=print) -> list[System]:
-    """The systems to compare, all on the LMs of ``lms``; compiled ones are compiled here."""
+                  log=print, prior=None) -> list[System]:
+    """The systems to compare, all on the LMs of ``lms``; compiled ones are compiled here.
+
+    Every staged system gets the same emotion ``prior`` (the default
+    program's, fitted on the pool), so that they differ only in what the bench
+    compares. Compiling optimizers that score candidates do it on ``dev``.
+    """
     from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
     from trace_dspy.program.pipeline import TraceProgram
 
@@ -123,13 +128,15 @@ def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Se
         elif name == "trace_paper":
             program = paper_program(settings.program, retriever=retriever, stage_lms=stage_lms)
         elif name == "trace":
-            program = TraceProgram(settings.program, stage_lms=stage_lms, retriever=retriever)
+            program = TraceProgram(settings.program, stage_lms=stage_lms, retriever=retriever, emotion_prior=prior)
         else:
             raise ValueError(f"unknown system {name!r}; choose from {', '.join(BASE_SYSTEMS)}")
+        if name == "trace_paper":
+            program.emotion_prior = prior
         systems.append(System(name, SYSTEM_DESCRIPTIONS[name], program))
     for opt in optimizers:
         cfg = OptimizerConfig.from_dict({**(optimizer_settings or {}), "name": opt})
-        student = TraceProgram(settings.program, stage_lms=stage_lms, retriever=retriever)
+        student = TraceProgram(settings.program, stage_lms=stage_lms, retriever=retriever, emotion_prior=prior)
         log(f"compiling with {opt} on {len(train)} train examples")
         started = time.perf_counter()
         with dspy.context(lm=lms.default):
@@ -230,6 +237,21 @@ class QualityReport:
         return "\n".join(parts)
 
 
+def program_fingerprint(program) -> str | None:
+    """A TraceProgram's prompts, demos, config and runtime parts as one string; None for other programs."""
+    import json
+
+    from trace_dspy.program.pipeline import TraceProgram
+
+    if not isinstance(program, TraceProgram):
+        return None
+    parts = {"state": program.dump_state(), "config": program.config.to_dict(),
+             "retriever": getattr(program.retriever, "fingerprint", None),
+             "prior": id(program.emotion_prior) if program.emotion_prior is not None else None,
+             "lms": sorted((stage, id(lm)) for stage, lm in program.stage_lms.items())}
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
 def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], metric, *, lm=None, threads: int = 1,
                 rows_dir: str | Path | None = None, max_failure_rate: float | None = 0.5, seed: int = 0,
                 run: dict[str, Any] | None = None) -> QualityReport:
@@ -240,7 +262,17 @@ def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], met
     if not examples:
         raise ValueError("no examples to benchmark on")
     summaries, values = {}, {}
+    evaluated: dict[str, str] = {}  # program fingerprint -> the system evaluated with it
     for system in systems:
+        key = program_fingerprint(system.program)
+        if key is not None and key in evaluated:
+            # The same program on the same LMs (e.g. ``select`` kept the uncompiled candidate): one evaluation.
+            twin = evaluated[key]
+            summaries[system.name] = {**summaries[twin], "same_program_as": twin}
+            values[system.name] = values[twin]
+            continue
+        if key is not None:
+            evaluated[key] = system.name
         path = Path(rows_dir) / f"{system.name.replace(':', '_').replace('/', '_')}.jsonl" if rows_dir else None
         result = evaluate_program(system.program, examples, metric, lm=lm, threads=threads, results_path=path,
                                   max_failure_rate=max_failure_rate, desc=system.name)

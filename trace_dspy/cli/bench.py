@@ -257,7 +257,7 @@ def _quality(args, argv, settings: Settings) -> int:
     from trace_dspy.lm.specs import LMSet
     from trace_dspy.optimize.optimizers import OPTIMIZERS
     from trace_dspy.workflows.evaluation import FailureRateExceeded, build_metric
-    from trace_dspy.workflows.loading import default_retriever
+    from trace_dspy.workflows.loading import default_prior, default_retriever
 
     if args.limit < 1:
         return fail("--limit must be at least 1")
@@ -288,7 +288,8 @@ def _quality(args, argv, settings: Settings) -> int:
     systems = build_systems(args.systems, args.optimizers, args.artifact, settings=settings, lms=lms,
                             retriever=retriever, train=splits.train, dev=splits.dev, metric=metric,
                             optimizer_settings=settings.raw.get("optimizer"),
-                            log=lambda m: print(m, file=sys.stderr))
+                            log=lambda m: print(m, file=sys.stderr),
+                            prior=default_prior(settings.program, source, seed=args.seed))
     try:
         report = run_quality(systems, examples, metric, lm=lms.default, threads=args.threads, rows_dir=rows_dir,
                              max_failure_rate=args.max_failure_rate, seed=args.seed, run=run)
