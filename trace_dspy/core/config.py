@@ -88,7 +88,8 @@ class ProgramConfig:
         0 turns the prior off. Artifacts saved before the prior existed load with 0.
     best_of: how many reply candidates the reply stage may write: the first as
         the LM is configured (greedy by default), the others by ``dspy.BestOfN``
-        at temperature 1.0; the one with the highest reference-free metric score
+        at temperature 1.0 (min-p 0.3 on the embedded engine: ``[lm.local]
+        sample_min_p``); the one with the highest reference-free metric score
         (learned empathy, strategy fit, relevance and rules; no LM call) is kept.
         Candidates stop as soon as one reaches ``best_of_threshold``. 1 = one reply.
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
