@@ -81,6 +81,17 @@ def test_the_default_reward_zeroes_a_pasted_demo_reply():
     assert program.reply_reward(inputs, dspy.Prediction(response=demo)) == 0.0
 
 
+def test_a_program_that_has_scored_replies_can_still_be_copied_by_optimizers():
+    """The reward metric cached on the program holds a lock: optimizers' reset_copy() must share it, not copy it."""
+    program = TraceProgram(ProgramConfig(best_of=2))
+    inputs = {"dialogue": DIALOGUE, "strategy": "ER", "secondary_strategy": "EX", "exemplars": []}
+    program.reply_reward(inputs, dspy.Prediction(response="I am so sorry about your dog."))
+    assert program._reward_metric is not None
+    fresh = program.reset_copy()
+    assert fresh._reward_metric is program._reward_metric
+    assert fresh.generate_response is not program.generate_response
+
+
 def test_auto_draws_candidates_only_for_a_constrained_small_model():
     from trace_dspy.lm.specs import GrammarLM
 

@@ -144,8 +144,9 @@ class TraceProgram(dspy.Module):
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
+        # The reward metric is a cache (keyed by the demo replies it guards against) holding scorers and a lock.
         for shared in (*self._stage_lms.values(), self.retriever, self._emotion_prior, self._prior_encoder,
-                       self.reward_fn):
+                       self.reward_fn, self._reward_metric):
             if shared is not None:
                 memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
