@@ -18,7 +18,7 @@ from trace_dspy.core.config import ConfigError, from_table
 OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
 # "select" keeps the uncompiled program among its candidates, so a compile cannot ship a program that scored
 # worse on the selection set; plain bootstrapping collapsed to one copied demo reply on the seed set
-# (docs/benchmarks.md, "The default compile").
+# (issue 15); the main job with select is recorded in docs/bench/main_job.json.
 DEFAULT_OPTIMIZER = "select"
 
 
