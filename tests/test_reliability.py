@@ -429,9 +429,24 @@ def test_data_problems_are_one_line_errors_naming_file_and_line(workdir, monkeyp
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
     monkeypatch.setenv("TRACE_DSPY_DATA", str(workdir / "gone"))
-    assert main(extra) == 2
+    # respond runs trace-dspy@latest, which retrieves from its own saved index; the uncompiled program needs the data.
+    assert main(["--program", "default", *extra] if command == "respond" else extra) == 2
     assert "data path from TRACE_DSPY_DATA does not exist" in capsys.readouterr().err
     assert engine.calls == []
+
+
+def test_respond_with_an_artifact_says_data_is_unused(workdir, monkeypatch, capsys):
+    from trace_dspy.respond import main
+
+    lm, engine = fake_lm(echo)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    good = {"turns": ["I got the job!"], "emotion": "joyful", "reply": "Congratulations!"}
+    other = {"turns": ["My cat is sick."], "emotion": "sad", "reply": "Oh no, I hope she gets better."}
+    (workdir / "pool.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(other) + "\n")
+    assert main(["--program", "trace-dspy@v0002", "--data", "pool.jsonl", "hello"]) == 0
+    err = capsys.readouterr().err
+    assert "trace-dspy@v0002 retrieves exemplars from the index saved in it" in err and "pool.jsonl" in err
+    assert engine.calls  # the reply was still made
 
 
 # ---------------------------------------------------------------- kill -9

@@ -89,5 +89,25 @@ def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, 
         program.emotion_prior = default_prior(settings.program, data, seed=seed)
         program.set_stage_lms(lms.stage_lms())
         return LoadedProgram(program, lms, {}, None, "default")
+    if data is not None:
+        _note_unused_data(ref, data, seed=seed)
     return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri,
                           trust_lm=settings.trust_artifact_lm, timeout=settings.timeout)
+
+
+def _note_unused_data(ref: str, data, *, seed: int) -> None:
+    """A data source named for retrieval while an artifact runs: check it (a typo is an error) and say it is unused.
+
+    A compiled artifact retrieves from the exemplar index saved inside it, so
+    ``--data`` only changes the uncompiled program. A source that is already
+    loaded (evaluate's test data) is used by the caller and needs no note.
+    """
+    import sys
+
+    from trace_dspy.data.sources import DataSource, resolve_source
+
+    if isinstance(data, DataSource):
+        return
+    resolve_source(data, seed=seed, announce_seed=False)  # raises the data error (missing path, bad line)
+    print(f"note: {ref} retrieves exemplars from the index saved in it; the data source {data} is not used "
+          "(--program default retrieves from it)", file=sys.stderr)
