@@ -313,8 +313,36 @@ def near_copy(reply: str, sources: Iterable[str], threshold: float = COPY_F1) ->
     return None
 
 
+# Words that make a span the speaker's own voice when the listener repeats it ("I'm so nervous about my exam").
+FIRST_PERSON = frozenset({"i", "'m", "me", "my", "mine", "myself", "we", "our", "us"})
+ECHO_SPAN = 5
+
+
+def echoed_span(reply: str, speaker_turns: Sequence[str], min_words: int = ECHO_SPAN) -> list[str] | None:
+    """The longest run of at least ``min_words`` words that the reply repeats verbatim from a speaker turn
+    and that speaks in the first person (the listener talking as the speaker), else None."""
+    words = lambda text: [t for t in tokenize(text) if _WORD.search(t) or t == "'m"]  # noqa: E731
+    mine = words(reply)
+    best: list[str] | None = None
+    for turn in speaker_turns:
+        theirs = words(turn)
+        # Longest common contiguous run (dynamic programming over two short word lists).
+        prev = [0] * (len(theirs) + 1)
+        for i in range(1, len(mine) + 1):
+            cur = [0] * (len(theirs) + 1)
+            for j in range(1, len(theirs) + 1):
+                if mine[i - 1] == theirs[j - 1]:
+                    cur[j] = prev[j - 1] + 1
+                    span = mine[i - cur[j]:i]
+                    if cur[j] >= min_words and FIRST_PERSON & set(span) and (best is None or len(span) > len(best)):
+                        best = span
+            prev = cur
+    return best
+
+
 def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1) -> bool:
-    """Does the reply repeat the speaker: one of their turns, all their words, or contain their last turn?"""
+    """Does the reply repeat the speaker: one of their turns, all their words, their last turn, or a
+    first-person run of their words (``echoed_span``)?"""
     turns = [t for t in speaker_turns if t and t.strip()]
     if not turns:
         return False
@@ -322,7 +350,9 @@ def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1
         return True
     words = lambda text: " ".join(t for t in tokenize(text) if _WORD.search(t))  # noqa: E731
     last = words(turns[-1])
-    return len(last.split()) >= 4 and f" {last} " in f" {words(reply)} "
+    if len(last.split()) >= 4 and f" {last} " in f" {words(reply)} ":
+        return True
+    return echoed_span(reply, turns) is not None
 
 
 # ---------------------------------------------------------------- agreement with human ratings

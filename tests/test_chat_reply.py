@@ -55,6 +55,10 @@ def test_a_same_mechanism_plan_is_asked_once():
     ("I am so sorry. I am so sorry. I am so sorry. I am", "I am so sorry."),
     ("One. Two! Three? Four.", "One. Two!"),
     ("That is hard. That is hard. Are you okay?", "That is hard. Are you okay?"),
+    # A clause said again inside the sentence: the repeat and its joiner go, the sentence ends cleanly.
+    ("I'm so glad you got the job, and I'm so glad you got the job!", "I'm so glad you got the job."),
+    ("You must be so proud of yourself, you must be so proud!", "You must be so proud of yourself."),
+    ("That sounds awful. I am sorry, that sounds awful.", "That sounds awful. I am sorry, that sounds awful."),
 ])
 def test_clean_reply(raw, clean):
     assert clean_reply(raw) == clean

@@ -11,6 +11,7 @@ from trace_dspy.optimize.scorers import (
     distinct_n,
     distribution,
     ead_n,
+    echoed_span,
     emotion_accuracy,
     emotion_credit,
     expectation_adjusted_distinct,
@@ -94,6 +95,13 @@ def test_response_rules():
     bad = response_rules("You should buy new ones. It's easy. Go now. Then relax.", speaker)
     assert bad == {"brief": False, "reuses_detail": False, "no_advice": False, "not_parroting": True}
     assert response_rules("I lost my keys at the beach.", speaker)["not_parroting"] is False
+    # Speaking as the speaker: a first-person run of five or more of their words, even inside a longer reply.
+    exam = "I can't sleep, I'm so nervous about my exam tomorrow."
+    assert response_rules("I'm so nervous about my exam tomorrow, I can't sleep.", exam)["not_parroting"] is False
+    assert echoed_span("Oh, I'm so nervous about my exam tomorrow too.", [exam])[:3] == ["i", "'m", "so"]
+    # Reusing their words in the listener's own voice is not parroting.
+    assert echoed_span("You must be so nervous about the exam tomorrow.", [exam]) is None
+    assert response_rules("I hope your exam goes well; no wonder you are nervous.", exam)["not_parroting"] is True
     assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
     assert not gives_advice("I hope you find them soon.")
     assert sentence_count("Hi there. How are you? Fine") == 3

@@ -121,6 +121,31 @@ def plan_in_words(inputs: dict) -> str:
     return ("First " + ", then ".join(steps) + ".") if steps else ""
 
 
+_REPLY_WORD = re.compile(r"[A-Za-z0-9']+")
+_TRAILING_JOINER = re.compile(r"(?:[\s,;:-]+|\b(?:and|but|so|or|because|that)\b)+$", re.IGNORECASE)
+REPEAT_RUN = 4
+
+
+def _cut_repeated_run(line: str, size: int = REPEAT_RUN) -> str:
+    """The line up to where it starts saying ``size`` or more of its words again.
+
+    "I'm so glad you got the job, and I'm so glad you got the job" keeps its
+    first clause; a dangling joiner ("and", a comma) goes with the repeat.
+    """
+    words = list(_REPLY_WORD.finditer(line))
+    low = [m.group(0).lower() for m in words]
+    seen: dict[tuple[str, ...], int] = {}
+    for j in range(len(low) - size + 1):
+        run = tuple(low[j:j + size])
+        if run in seen and seen[run] + size <= j:
+            kept = _TRAILING_JOINER.sub("", line[:words[j].start()]).rstrip()
+            if kept and kept[-1] not in ".!?":
+                kept += "."
+            return kept
+        seen.setdefault(run, j)
+    return line
+
+
 def clean_reply(text: str) -> str:
     """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
     from trace_dspy.lm.engine import repeated_tail
@@ -130,6 +155,7 @@ def clean_reply(text: str) -> str:
     cut = repeated_tail(line)
     if cut is not None:
         line = line[:cut].rstrip(" ,;")
+    line = _cut_repeated_run(line)
     sentences, seen = [], set()
     for sentence in (s.strip() for s in _SENTENCE.findall(line)):
         if sentence and sentence.lower() not in seen:
