@@ -49,7 +49,7 @@ from trace_dspy.optimize.scorers import (
 )
 
 from trace_dspy.core.config import ConfigError, from_table
-from trace_dspy.core.dialogue import speaker_turns
+from trace_dspy.core.dialogue import LISTENER, parse_dialogue, speaker_turns
 from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.core.stages import REGISTRY
 
@@ -331,9 +331,13 @@ class EmpathyMetric:
             components["strategy_fit"] = strategy_fit(levels, _get(pred, "strategy"),
                                                       _get(pred, "secondary_strategy"))
         retrieved = [*exemplar_replies(_get(pred, "exemplars")), *(_get(pred, "exemplar_replies") or [])]
-        copied = near_copy(reply, [*retrieved, *self.copy_sources], cfg.copy_f1)
+        # The listener's own earlier turns count too: a reply that says again what was said before is no answer.
+        earlier = _listener_turns(example)
+        copied = near_copy(reply, [*retrieved, *self.copy_sources, *earlier], cfg.copy_f1)
         if copied is not None:
             details["copied"] = copied[:200]
+            if copied in earlier:
+                details["repeats_listener"] = True
         grounded = 1.0
         if copied is not None or not rules["not_parroting"]:
             grounded = 0.0
@@ -360,7 +364,10 @@ class EmpathyMetric:
         reply = _get(pred, "response") or ""
         if not rules["not_parroting"]:
             notes.append(("parrot", "The reply repeats the speaker's words; answer them as the listener instead."))
-        if "copied" in details:
+        if details.get("repeats_listener"):
+            notes.append(("copy", f"The reply says again what the listener said before (\"{details['copied'][:80]}\"); "
+                                  "answer the speaker's new words."))
+        elif "copied" in details:
             notes.append(("copy", f"The reply copies an example's reply (\"{details['copied'][:80]}\"); "
                                   "write new words for this speaker's situation."))
         if components.get("grounded") is not None and 0 < components["grounded"] < 1:
@@ -458,6 +465,13 @@ def _speaker_turns(example) -> list[str]:
     try:
         return speaker_turns(example.dialogue)
     except Exception:  # a malformed dialogue has no speaker words to reuse
+        return []
+
+
+def _listener_turns(example) -> list[str]:
+    try:
+        return [t.text for t in parse_dialogue(example.dialogue) if t.role == LISTENER]
+    except Exception:  # a malformed dialogue has no earlier replies
         return []
 
 
