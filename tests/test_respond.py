@@ -192,3 +192,27 @@ def test_without_program_respond_and_chat_run_the_newest_artifact(fake_models, t
     assert capsys.readouterr().out.strip() == "heard: Speaker: I lost my keys."
     assert fake_models.calls[-1].instructions == "Be brief."
     assert _load(None, Settings(), None).path == folder
+
+
+def test_truncation_warnings_are_dropped_unless_verbose(caplog):
+    import logging
+
+    from trace_dspy.cli.common import setup_logging
+
+    lm_log = logging.getLogger("dspy.clients.lm")
+    lm_log.addHandler(caplog.handler)  # DSPy's loggers may not propagate to the root logger
+    try:
+        setup_logging(False)
+        with caplog.at_level(logging.WARNING, logger="dspy.clients.lm"):
+            lm_log.warning("LM response was truncated; increase max_tokens or inspect history.")
+            lm_log.warning("LM call failed: connection refused")
+        assert [r.getMessage() for r in caplog.records] == ["LM call failed: connection refused"]
+        caplog.clear()
+        setup_logging(True)
+        with caplog.at_level(logging.WARNING, logger="dspy.clients.lm"):
+            lm_log.warning("LM response was truncated; increase max_tokens or inspect history.")
+        assert len(caplog.records) == 1
+    finally:
+        lm_log.removeHandler(caplog.handler)
+        setup_logging(True)
+        logging.getLogger().setLevel(logging.WARNING)

@@ -69,8 +69,16 @@ def setup_logging(verbose: bool = False) -> None:
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
+    # A reply capped at its token budget is expected (the reply stage keeps two sentences of it); DSPy
+    # warns on every such call, which buried the replies of respond and chat. --verbose shows them.
+    lm_log = logging.getLogger("dspy.clients.lm")
+    (lm_log.removeFilter if verbose else lm_log.addFilter)(_drop_truncation_warnings)
     offline_litellm()
     bars_only_on_terminals()
+
+
+def _drop_truncation_warnings(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith("LM response was truncated")
 
 
 def _isatty(stream) -> bool:
