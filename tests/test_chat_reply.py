@@ -32,7 +32,7 @@ def test_the_conversation_becomes_chat_turns_and_the_plan_words():
                              {"role": "assistant", "content": "That must be worrying."}]
     assert [m["content"] for m in messages[3:]] == ["I lost my wallet on the bus.", "Oh no, did you report it?",
                                                    "Yes, but nobody handed it in."]
-    # The writer never sees retrieved replies it could paste, nor the field markers.
+    # Without reply_exemplars the writer never sees retrieved replies, nor the field markers.
     assert not any("COPY ME" in m["content"] or "[[ ##" in m["content"] for m in messages)
 
 
@@ -132,3 +132,49 @@ def test_the_audit_note_reaches_the_writer_on_a_redo():
     redo = ChatReplyAdapter().format(signature, [], reply_inputs(revision_note="Do not give advice."))[0]["content"]
     assert "not right" not in first
     assert redo.startswith(first) and redo.endswith("Do not give advice.")
+
+
+def test_with_reply_exemplars_the_writer_sees_the_retrieved_conversations_as_prose():
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="chat"))
+    demos = [dspy.Example(dialogue="Speaker: My cat is ill.", response="That must be worrying.")]
+    exemplars = ["Speaker: i lost my keys .\nListener: oh no !\nSpeaker: they were in my bag the whole time .\n"
+                 "Listener (reply): ha , i 've done that too . were you relieved ?",
+                 "not an exemplar"]
+    messages = ChatReplyAdapter(exemplars=True).format(signature, demos, reply_inputs(exemplars=exemplars))
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user",
+                                             "assistant", "user"]
+    # Compiled demos first, then the exemplar's last speaker turn and its reply (tidied), then the conversation.
+    assert messages[3:5] == [{"role": "user", "content": "They were in my bag the whole time."},
+                             {"role": "assistant", "content": "Ha, I've done that too. Were you relieved?"}]
+    assert messages[5]["content"] == "I lost my wallet on the bus."
+    # The program routes its config to the matching adapter.
+    from trace_dspy.lm.adapters import chat_reply_adapter
+
+    assert chat_reply_adapter(exemplars=True).exemplars and not chat_reply_adapter().exemplars
+
+
+def test_reply_exemplars_config_and_old_artifacts(tmp_path):
+    from trace_dspy.lm.specs import LMConfig
+    from trace_dspy.store.artifacts import load_folder, save_artifact
+
+    assert ProgramConfig().reply_exemplars is True
+    assert ProgramConfig.from_dict(ProgramConfig(reply_exemplars=False).to_dict()).reply_exemplars is False
+    with pytest.raises(ConfigError, match="reply_exemplars must be true or false"):
+        ProgramConfig(reply_exemplars="yes")
+    # An artifact saved before the option loads as it was compiled: the writer without exemplars.
+    old = {"config": {"program": {k: v for k, v in ProgramConfig().to_dict().items() if k != "reply_exemplars"},
+                      "lm": LMConfig().to_dict()}}
+    folder = save_artifact(TraceProgram(ProgramConfig(prior_k=0)), old, root=tmp_path)
+    assert load_folder(folder, attach_lms=False).program.config.reply_exemplars is False
+
+
+@pytest.mark.parametrize(("raw", "prose"), [
+    ("i 'm so sorry . what was the dog 's name ?", "I'm so sorry. What was the dog's name?"),
+    ("me neither , but i really did n't think so !", "Me neither, but I really didn't think so!"),
+    ("I ca n't believe it. wow", "I can't believe it. Wow"),
+    ("Is it in Hawaii? That sounds lovely.", "Is it in Hawaii? That sounds lovely."),
+])
+def test_tidy_text(raw, prose):
+    from trace_dspy.lm.adapters import tidy_text
+
+    assert tidy_text(raw) == prose

@@ -95,6 +95,12 @@ class ProgramConfig:
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
         where it was measured (docs/benchmarks.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
+    reply_exemplars: in the chat layout, show the writer the retrieved
+        exemplars (the nearest conversations of the pool, filtered by the
+        emotion's group) as earlier chat turns, so that a small model answers
+        in their tone (docs/benchmarks.md, "Nearest exemplars for the writer").
+        The copy guard scores a candidate that pastes one 0. Artifacts saved
+        before the option existed load with false.
     """
 
     reasoning: tuple[str, ...] = ()
@@ -104,6 +110,7 @@ class ProgramConfig:
     prior_k: int = 5
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
+    reply_exemplars: bool = True
     retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
     commonsense: bool = False
     reflection: bool = False
@@ -127,6 +134,8 @@ class ProgramConfig:
         if isinstance(self.best_of_threshold, bool) or not isinstance(self.best_of_threshold, (int, float)) \
                 or not 0 <= self.best_of_threshold <= 1:
             raise ConfigError(f"best_of_threshold must be a number in [0, 1], not {self.best_of_threshold!r}")
+        if not isinstance(self.reply_exemplars, bool):
+            raise ConfigError(f"reply_exemplars must be true or false, not {self.reply_exemplars!r}")
         if not isinstance(self.reflection_rounds, int) or not 1 <= self.reflection_rounds <= 5:
             raise ConfigError("reflection_rounds must be an integer from 1 to 5")
         if self.extra:
@@ -149,7 +158,8 @@ class ProgramConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
                 "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
-                "best_of_threshold": self.best_of_threshold, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
+                "best_of_threshold": self.best_of_threshold, "reply_exemplars": self.reply_exemplars,
+                "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 
     @classmethod

@@ -140,3 +140,26 @@ def speaker_turns(dialogue: str) -> list[str]:
 def speaker_text(dialogue: str) -> str:
     """All of the speaker's words in a canonical dialogue, joined by spaces."""
     return " ".join(speaker_turns(dialogue))
+
+
+# ---------------------------------------------------------------- exemplars
+
+# A retrieved exemplar is shown to the stages as its dialogue, then this mark, then its gold reply.
+_REPLY_MARK = "\nListener (reply): "
+
+
+def format_exemplar(item) -> str:
+    """An exemplar ({"dialogue", "response"}) as the text the stages see."""
+    return f"{item['dialogue']}{_REPLY_MARK}{item['response']}"
+
+
+def exemplar_reply(text: str) -> str | None:
+    """The gold reply inside a formatted exemplar, or None if ``text`` is not one."""
+    head, mark, reply = text.rpartition(_REPLY_MARK.strip())
+    return reply.strip() if mark else None
+
+
+def split_exemplar(text: str) -> tuple[str, str] | None:
+    """(dialogue, reply) of a formatted exemplar, or None if ``text`` is not one."""
+    head, mark, reply = text.rpartition(_REPLY_MARK.strip())
+    return (head.strip(), reply.strip()) if mark and head.strip() and reply.strip() else None

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from trace_dspy.core.config import ConfigError, RetrievalConfig
-from trace_dspy.core.dialogue import SPEAKER, parse_dialogue
+from trace_dspy.core.dialogue import SPEAKER, exemplar_reply, format_exemplar, parse_dialogue
 from trace_dspy.core.labels import EMOTION_TO_GROUP
 
 __all__ = ["ConfigError", "ExemplarIndex", "RetrievalConfig"]  # RetrievalConfig lives in core.config
@@ -42,19 +42,6 @@ def conversation_key(dialogue: str) -> str:
     turns = parse_dialogue(dialogue)
     first = next((t.text for t in turns if t.role == SPEAKER), turns[0].text)
     return hashlib.sha1(" ".join(first.lower().split()).encode()).hexdigest()[:16]
-
-
-_REPLY_MARK = "\nListener (reply): "
-
-
-def format_exemplar(item: dict[str, Any]) -> str:
-    return f"{item['dialogue']}{_REPLY_MARK}{item['response']}"
-
-
-def exemplar_reply(text: str) -> str | None:
-    """The gold reply inside a formatted exemplar, or None if ``text`` is not one."""
-    head, mark, reply = text.rpartition(_REPLY_MARK.strip())
-    return reply.strip() if mark else None
 
 
 def _tokenize(texts: Sequence[str]):
@@ -198,4 +185,4 @@ def cached_index(examples: Sequence[Any], config: RetrievalConfig, data_fingerpr
     return index
 
 
-__all__ = ["ExemplarIndex", "RetrievalConfig", "cached_index", "conversation_key", "format_exemplar"]
+__all__ = ["ExemplarIndex", "RetrievalConfig", "cached_index", "conversation_key", "exemplar_reply", "format_exemplar"]

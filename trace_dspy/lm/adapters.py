@@ -121,6 +121,23 @@ def plan_in_words(inputs: dict) -> str:
     return ("First " + ", then ".join(steps) + ".") if steps else ""
 
 
+# EmpatheticDialogues text is tokenized and lower-cased ("i 'm sorry . what happened ?"); a model shown it
+# answers the same way. tidy_text writes it as a person would.
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
+_SPLIT_CONTRACTION = re.compile(r"(?<=\w)\s+(n't|'s|'re|'ve|'ll|'d|'m)\b", re.IGNORECASE)
+_LONE_I = re.compile(r"\bi\b")
+_SENTENCE_START = re.compile(r"(^|[.!?]\s+)([a-z])")
+
+
+def tidy_text(text: str) -> str:
+    """Tokenized, lower-cased dataset text as written prose: no space before punctuation or inside
+    contractions, a capital "I", sentences starting with a capital letter."""
+    text = " ".join(str(text).split())
+    text = _SPLIT_CONTRACTION.sub(r"\1", _SPACE_BEFORE_PUNCT.sub(r"\1", text))
+    text = _LONE_I.sub("I", text)
+    return _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+
+
 _REPLY_WORD = re.compile(r"[A-Za-z0-9']+")
 _TRAILING_JOINER = re.compile(r"(?:[\s,;:-]+|\b(?:and|but|so|or|because|that)\b)+$", re.IGNORECASE)
 REPEAT_RUN = 4
@@ -151,7 +168,7 @@ def clean_reply(text: str) -> str:
     from trace_dspy.lm.engine import repeated_tail
 
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
-    line = _ROLE_PREFIX.sub("", line).strip().strip('"').strip()
+    line = tidy_text(_ROLE_PREFIX.sub("", line).strip().strip('"').strip())
     cut = repeated_tail(line)
     if cut is not None:
         line = line[:cut].rstrip(" ,;")
@@ -176,14 +193,20 @@ class ChatReplyAdapter(dspy.ChatAdapter):
       and, when the reflection loop redoes the reply, its audit note;
     - each demo as a user turn (the speaker's last words) and an assistant
       turn (the demo's reply);
+    - with ``exemplars`` (``ProgramConfig.reply_exemplars``), each retrieved
+      exemplar the same way, written as prose (``tidy_text``): the nearest
+      conversations of the pool teach a small model the tone of a reply to
+      this kind of message;
     - the conversation itself, speaker turns as user messages and listener
       turns as assistant messages.
 
-    The completion is the reply (``clean_reply``). Retrieved exemplars are not
-    shown to the writer in this layout: the planner has used them, and a small
-    model pastes their replies. Every other stage is formatted as by DSPy's
-    ChatAdapter.
+    The completion is the reply (``clean_reply``). Every other stage is
+    formatted as by DSPy's ChatAdapter.
     """
+
+    def __init__(self, *args, exemplars: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.exemplars = exemplars
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         if is_reply_signature(signature):
@@ -205,12 +228,18 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         if note:  # the reflection loop's audit of an earlier reply
             system += f" Your last reply was not right: {note}"
         messages = [{"role": "system", "content": system}]
-        for demo in demos:
-            if demo.get("dialogue") and demo.get("response"):
-                said = [t.text for t in parse_dialogue(demo["dialogue"]) if t.role != LISTENER]
-                if said:
-                    messages += [{"role": "user", "content": said[-1]},
-                                 {"role": "assistant", "content": str(demo["response"])}]
+        pairs = [(demo["dialogue"], str(demo["response"])) for demo in demos
+                 if demo.get("dialogue") and demo.get("response")]
+        if self.exemplars:
+            pairs += [pair for pair in map(_exemplar_pair, inputs.get("exemplars") or []) if pair is not None]
+        for dialogue, reply in pairs:
+            try:
+                said = [t.text for t in parse_dialogue(dialogue) if t.role != LISTENER]
+            except ValueError:  # not a dialogue: nothing to show
+                continue
+            if said:
+                messages += [{"role": "user", "content": tidy_text(said[-1])},
+                             {"role": "assistant", "content": tidy_text(reply)}]
         for turn in parse_dialogue(inputs["dialogue"]):
             messages.append({"role": "assistant" if turn.role == LISTENER else "user", "content": turn.text})
         return messages
@@ -230,12 +259,19 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         return {"response": reply}
 
 
-_CHAT_REPLY = ChatReplyAdapter()
+def _exemplar_pair(text) -> tuple[str, str] | None:
+    """(dialogue, reply) of a formatted exemplar, or None when ``text`` is not one."""
+    from trace_dspy.core.dialogue import split_exemplar
+
+    return split_exemplar(text) if isinstance(text, str) else None
 
 
-def chat_reply_adapter() -> ChatReplyAdapter:
-    """The shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
-    return _CHAT_REPLY
+_CHAT_REPLY = {False: ChatReplyAdapter(), True: ChatReplyAdapter(exemplars=True)}
+
+
+def chat_reply_adapter(*, exemplars: bool = False) -> ChatReplyAdapter:
+    """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
+    return _CHAT_REPLY[bool(exemplars)]
 
 
 def _stock_instructions() -> str:

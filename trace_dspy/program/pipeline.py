@@ -122,7 +122,7 @@ class TraceProgram(dspy.Module):
         lm = self._stage_lms.get(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
         if stage == "generate_response" and self.reply_format(lm or dspy.settings.lm) == "chat":
-            adapter = chat_reply_adapter()
+            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars)
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 

@@ -380,6 +380,8 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         saved_program.setdefault("prior_k", 0)
         # ... and before Best-of-N replies: one reply, as it was evaluated.
         saved_program.setdefault("best_of", 1)
+        # ... and before the chat writer saw the retrieved exemplars.
+        saved_program.setdefault("reply_exemplars", False)
         config = ProgramConfig.from_dict(saved_program)
         recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
     except (ConfigError, AttributeError, TypeError) as exc:

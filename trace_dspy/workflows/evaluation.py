@@ -362,4 +362,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "best_of_1": {"best_of": 1},  # one reply (the default before best_of = "auto")
     "best_of_2": {"best_of": 2},  # up to 2 reply candidates, the best by the reference-free metric
     "best_of_4": {"best_of": 4},  # what "auto" gives the embedded model
+    "no_reply_exemplars": {"reply_exemplars": False},  # the chat writer without the retrieved exemplars
+    "reply_exemplars": {"reply_exemplars": True},
+    "retrieval_k4": {"retrieval": {"k": 4}},  # four retrieved exemplars instead of two
 }
