@@ -266,6 +266,31 @@ def test_a_collapsed_program_never_becomes_champion(fake_models, tmp_path, monke
     assert manifest["scores"]["dev_after"]["collapsed"] is True
 
 
+def test_a_program_worse_than_the_uncompiled_one_is_saved_but_not_champion_nor_default(fake_models, tmp_path,
+                                                                                      monkeypatch, capsys):
+    import trace_dspy.store.registry as registry
+    import trace_dspy.workflows.compile as workflow
+    from trace_dspy.workflows.loading import default_reference
+
+    real, calls = workflow.evaluate_program, []
+
+    def worse_after(*args, **kwargs):  # the second evaluation (dev after) scores 0.1 below the real one
+        result = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:
+            result.summary["empathy"] -= 0.1
+        return result
+
+    monkeypatch.setattr(workflow, "evaluate_program", worse_after)
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
+    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "below the uncompiled program's" in captured.out + captured.err and "champion unchanged" in captured.out
+    assert registry.champion("trace-dspy", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}") is None
+    assert (tmp_path / "artifacts/trace-dspy/v0001/manifest.json").is_file()  # saved all the same
+    assert default_reference() != "trace-dspy@v1"  # respond and chat do not pick it up
+
+
 def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     argv = ["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3"]
     assert main(argv) == 0

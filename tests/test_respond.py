@@ -172,7 +172,8 @@ def test_status_line_on_a_terminal_only(fake_models, capsys, monkeypatch, tty):
         assert "thinking" not in terminal.text and "\033" not in terminal.text
 
 
-def test_without_program_respond_and_chat_run_the_newest_artifact(fake_models, tmp_path, monkeypatch, capsys):
+def test_without_program_respond_and_chat_run_the_newest_artifact_that_improved(fake_models, tmp_path, monkeypatch,
+                                                                                 capsys):
     import dspy
 
     from trace_dspy import ProgramConfig
@@ -185,9 +186,18 @@ def test_without_program_respond_and_chat_run_the_newest_artifact(fake_models, t
     program = TraceProgram()
     program.generate_response.signature = program.generate_response.signature.with_instructions("Be brief.")
     program.recognize_emotion.demos = [dspy.Example(dialogue="Speaker: yay", emotion="joyful")]
-    folder = save_artifact(program, {"config": {"program": ProgramConfig().to_dict(), "lm": {}}}, root=tmp_path,
-                           name="trace-dspy")
-    assert default_reference() == "trace-dspy@latest"
+
+    def save(before, after, collapsed=False):
+        scores = {"dev_before": {"empathy": before}, "dev_after": {"empathy": after, "collapsed": collapsed}}
+        return save_artifact(program, {"config": {"program": ProgramConfig().to_dict(), "lm": {}}, "scores": scores},
+                             root=tmp_path, name="trace-dspy")
+
+    folder = save(0.50, 0.55)
+    assert default_reference() == "trace-dspy@v1"
+    # A newer compile that did worse on dev than the uncompiled program, or collapsed, is saved but not the default.
+    save(0.50, 0.45)
+    save(0.50, 0.60, collapsed=True)
+    assert default_reference() == "trace-dspy@v1"
     assert main(["I lost my keys."]) == 0
     assert capsys.readouterr().out.strip() == "heard: Speaker: I lost my keys."
     assert fake_models.calls[-1].instructions == "Be brief."

@@ -58,18 +58,36 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
 
 
 def default_reference() -> str:
-    """The program a command runs when none is named: ``trace-dspy@latest``, or ``default`` when no artifact exists.
+    """The program a command runs when none is named: the newest compiled artifact that did not do worse
+    than the uncompiled program on its dev set and did not collapse, else ``default`` (the uncompiled program).
 
-    ``respond``, ``chat`` and the README's ``trace_dspy.load("trace-dspy@latest")``
-    all reach the same program this way. The repository ships one artifact,
-    so a checkout has a compiled program from the start; a compile adds a
-    newer one (its default optimizer keeps the uncompiled program when demos
-    do not help on the selection set).
+    ``respond``, ``chat`` and the README's snippet that loads the default all
+    reach the same program this way. A compile that does worse on dev than the
+    program it started from is saved (it is ``trace-dspy@latest``) but not
+    run by default, and it does not become ``champion``.
     """
-    from trace_dspy.store.artifacts import DEFAULT_NAME, search_roots, versions
+    from trace_dspy.store.artifacts import DEFAULT_NAME, ArtifactError, artifacts_root, read_manifest, search_roots
+    from trace_dspy.store.artifacts import versions as list_versions
 
-    have_compiled = any(versions(DEFAULT_NAME, root) for root in search_roots())
-    return f"{DEFAULT_NAME}@latest" if have_compiled else "default"
+    for root in search_roots():
+        for number in sorted(list_versions(DEFAULT_NAME, root), reverse=True):
+            folder = artifacts_root(root) / DEFAULT_NAME / f"v{number:04d}"
+            try:
+                manifest = read_manifest(folder)
+            except ArtifactError:
+                continue  # a damaged folder is not a default; loading it by name says what is wrong
+            if improved_on_dev(manifest):
+                return str(folder) if root != search_roots()[0] else f"{DEFAULT_NAME}@v{number}"
+    return "default"
+
+
+def improved_on_dev(manifest: dict) -> bool:
+    """Did the compiled program score at least as well as the uncompiled one on the compile's dev set (equal
+    when the optimizer kept the uncompiled program), without collapsing?"""
+    scores = manifest.get("scores") or {}
+    before, after = scores.get("dev_before") or {}, scores.get("dev_after") or {}
+    b, a = before.get("empathy"), after.get("empathy")
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a >= b and not after.get("collapsed")
 
 
 def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
