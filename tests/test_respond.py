@@ -202,6 +202,9 @@ def test_without_program_respond_and_chat_run_the_newest_artifact_that_improved(
     assert capsys.readouterr().out.strip() == "heard: Speaker: I lost my keys."
     assert fake_models.calls[-1].instructions == "Be brief."
     assert _load(None, Settings(), None).path == folder
+    import trace_dspy  # the README's snippet reaches the same program
+
+    assert trace_dspy.load(attach_lms=False).generate_response.signature.instructions == "Be brief."
 
 
 def test_truncation_warnings_are_dropped_unless_verbose(caplog):

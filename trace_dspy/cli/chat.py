@@ -1,6 +1,6 @@
 """Talk to the TRACE program in the terminal, one speaker turn at a time.
 
-    python -m trace_dspy.chat                       # the newest compiled program
+    python -m trace_dspy.chat                       # the default program (as respond)
     python -m trace_dspy.chat --program trace-dspy@v1 --show-stages
 
 You type the speaker's turns; the program's reply becomes the listener's turn,
@@ -171,9 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.chat", description=__doc__.split("\n\n")[0],
                                      epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--program", default=None,
-                        help="the program to talk to: trace-dspy@latest (the default; the uncompiled program "
-                             "when there is none), 'default' (uncompiled), an artifact folder, champion, "
-                             "models:/..., runs:/...")
+                        help="the program to talk to (default: as respond, the newest artifact not worse than "
+                             "the uncompiled program on its dev set, else the uncompiled one); 'default' "
+                             "(uncompiled), NAME@vN, an artifact folder, champion, models:/..., runs:/...")
     parser.add_argument("--show-stages", action="store_true", help="start with the stage display on")
     parser.add_argument("--data", help="pool for retrieved exemplars of the uncompiled program "
                                        "(default: $TRACE_DSPY_DATA, else the seed set)")
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(ref: str | None, settings, data):
     from trace_dspy.workflows.loading import load_for_run
 
-    return load_for_run(ref, settings, data=data, announce_seed=False)  # None: trace-dspy@latest, else uncompiled
+    return load_for_run(ref, settings, data=data, announce_seed=False)  # None: as respond (default_reference)
 
 
 def main(argv: list[str] | None = None) -> int:

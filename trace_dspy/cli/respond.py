@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1)")
     parser.add_argument("--json", action="store_true", help="print the whole prediction as JSON")
     parser.add_argument("--program", default=None,
-                        help="trace-dspy@latest (the default; the uncompiled program when there is none), "
-                             "'default' (uncompiled), an artifact folder, champion, models:/..., runs:/...")
+                        help="default: the newest artifact not worse than the uncompiled program on its dev "
+                             "set, else the uncompiled one; or 'default' (uncompiled), NAME@vN, NAME@latest, an "
+                             "artifact folder, champion, models:/..., runs:/...")
     parser.add_argument("--data", help="pool for retrieved exemplars (default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_model_args(parser)
