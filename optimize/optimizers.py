@@ -31,6 +31,10 @@ class OptimizerConfig:
     max_rounds: int = 1
     # select: shuffled bootstrap candidates beyond the three fixed ones (uncompiled, labeled, bootstrapped)
     select_candidates: int = 0
+    # select: a compiled candidate must beat the uncompiled one by this much on the selection set to be kept.
+    # On the 8-item seed selection set, bootstrap won by 0.005 (0.541 against 0.536) and then scored
+    # 0.496 against 0.541 on dev (docs/bench/main_job_v3.json); labeled had won by 0.042 and held on dev.
+    select_margin: float = 0.02
     # mipro
     mipro_candidates: int = 3
     mipro_trials: int = 4
@@ -50,11 +54,15 @@ class OptimizerConfig:
             value = getattr(self, f.name)
             if isinstance(value, int) and f.name != "seed" and value < 0:
                 raise ConfigError(f"optimizer setting {f.name} must be >= 0, got {value}")
+        if isinstance(self.select_margin, bool) or not isinstance(self.select_margin, (int, float)) \
+                or not 0 <= self.select_margin <= 1:
+            raise ConfigError(f"optimizer setting select_margin must be a number in [0, 1], got {self.select_margin!r}")
 
     def settings(self) -> dict[str, Any]:
         """Only the settings this optimizer uses (for manifests and MLflow params)."""
         used = {
-            "select": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates"),
+            "select": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates",
+                       "select_margin"),
             "labeled": ("max_labeled_demos",),
             "bootstrap": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds"),
             "mipro": ("max_bootstrapped_demos", "max_labeled_demos", "mipro_candidates", "mipro_trials"),
@@ -89,7 +97,9 @@ def _select(cfg, program, metric, trainset, valset, prompt_lm):
 
     The candidates are the uncompiled program, labeled demos only, bootstrapped
     demos, and ``select_candidates`` more bootstraps from shuffled training
-    sets. Every candidate's score is kept on the result as ``selection``.
+    sets. The best is kept only if it beats the uncompiled program by
+    ``select_margin``; otherwise the uncompiled program is. Every candidate's
+    score is kept on the result as ``selection``.
     """
     import contextlib
     import sys
@@ -101,13 +111,21 @@ def _select(cfg, program, metric, trainset, valset, prompt_lm):
     with contextlib.redirect_stdout(sys.stderr):
         best = optimizer.compile(program, trainset=trainset, valset=valset or trainset)
     kinds = {-3: "uncompiled", -2: "labeled", -1: "bootstrap"}
-    candidates = getattr(best, "candidate_programs", [])
-    best.selection = [{"candidate": kinds.get(c["seed"], f"bootstrap-shuffled-{c['seed']}"),
-                       "score": round(float(c["score"]) / 100.0, 4), "chosen": c["program"] is best}
-                      for c in sorted(candidates, key=lambda c: c["seed"])]
+    candidates = sorted(getattr(best, "candidate_programs", []), key=lambda c: c["seed"])
     if hasattr(best, "candidate_programs"):
         del best.candidate_programs  # every candidate program: not part of the compiled artifact
-    return best
+    winner = next((c for c in candidates if c["program"] is best), None)
+    uncompiled = next((c for c in candidates if c["seed"] == -3), None)
+    if winner is not None and uncompiled is not None and winner is not uncompiled \
+            and float(winner["score"]) - float(uncompiled["score"]) < 100.0 * cfg.select_margin:
+        kept = uncompiled["program"]
+        kept.__dict__.pop("candidate_programs", None)
+    else:
+        kept = best
+    kept.selection = [{"candidate": kinds.get(c["seed"], f"bootstrap-shuffled-{c['seed']}"),
+                       "score": round(float(c["score"]) / 100.0, 4), "chosen": c["program"] is kept}
+                      for c in candidates]
+    return kept
 
 
 def _mipro(cfg, program, metric, trainset, valset, prompt_lm):

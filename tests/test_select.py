@@ -94,3 +94,47 @@ def test_the_selection_size_comes_from_the_flag_or_the_data_table(tmp_path):
     assert config_from_args(["--no-mlflow"]).record()["data"]["val"] == 8
     with pytest.raises(ConfigError, match="--val"):
         config_from_args(["--val", "-1"])
+
+
+class HintedEngine(ScriptedEngine):
+    """A model whose reply carries a marker once it has seen a demo: a compiled candidate that is slightly better."""
+
+    def complete(self, request):
+        response = super().complete(request)
+        if any(m.role == "assistant" for m in request.messages) and "Speaker" in str(request.messages[-1].text):
+            text = response.message.text or ""
+            if "[[ ## response ## ]]" in text:
+                text = text.replace("[[ ## response ## ]]\n", "[[ ## response ## ]]\nDEMO ")
+                return Response(id=None, model="hinted", message=Message.assistant([TextPart(text)]),
+                                finish_reason="stop", usage=Usage(input_tokens=1, output_tokens=1, total_tokens=2))
+        return response
+
+
+def test_select_keeps_the_uncompiled_program_unless_a_candidate_wins_by_the_margin():
+    def metric(example, pred, trace=None):  # a demo-fed candidate scores 0.01 more
+        return 0.51 if str(pred.response).startswith("DEMO") else 0.50
+
+    def run(margin):
+        lm = dspy.LM("fake/hinted", engine=HintedEngine(responder=reply_for), cache=False)
+        cfg = OptimizerConfig(max_bootstrapped_demos=1, max_labeled_demos=1, select_margin=margin)
+        with dspy.context(lm=lm):
+            compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3))
+        scores = {c["candidate"]: c["score"] for c in compiled.selection}
+        return compiled, scores, [c["candidate"] for c in compiled.selection if c["chosen"]]
+
+    compiled, scores, chosen = run(0.02)
+    assert scores["uncompiled"] == 0.5 and max(scores.values()) == 0.51  # a candidate did win, by 0.01
+    assert chosen == ["uncompiled"] and all(not p.demos for _, p in compiled.named_predictors())
+    compiled, scores, chosen = run(0.0)
+    assert chosen and chosen[0] != "uncompiled" and any(p.demos for _, p in compiled.named_predictors())
+
+
+def test_select_margin_is_checked():
+    import pytest
+
+    from trace_dspy.core.config import ConfigError
+
+    for bad in (-0.1, 1.5, True, "0.02"):
+        with pytest.raises(ConfigError, match="select_margin"):
+            OptimizerConfig(select_margin=bad)
+    assert OptimizerConfig().settings()["select_margin"] == 0.02

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--max-labeled", type=int, dest="max_labeled_demos", help="labeled demos per stage")
     opt.add_argument("--max-rounds", type=int, help="bootstrap rounds")
     opt.add_argument("--select-candidates", type=int, help="select: extra shuffled bootstrap candidates (default 0)")
+    opt.add_argument("--select-margin", type=float,
+                     help="select: how much a compiled candidate must beat the uncompiled one by on the selection "
+                          "set (composite, default 0.02)")
     opt.add_argument("--mipro-candidates", type=int, help="MIPROv2 instruction/demo candidates")
     opt.add_argument("--mipro-trials", type=int, help="MIPROv2 trials")
     opt.add_argument("--gepa-max-metric-calls", type=int, help="GEPA budget in metric calls")
@@ -73,8 +76,9 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     settings = settings_from_args(args)
     opt_table = dict(settings.raw.get("optimizer") or {})
     data_table = dict(settings.raw.get("data") or {})
-    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "mipro_candidates",
-                "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps", "simba_candidates", "simba_bsize"):
+    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
+                "mipro_candidates", "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps",
+                "simba_candidates", "simba_bsize"):
         if getattr(args, key) is not None:
             opt_table[key] = getattr(args, key)
     if args.optimizer:
