@@ -18,7 +18,7 @@ from trace_dspy.core.config import ConfigError, from_table
 OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
 # "select" keeps the uncompiled program among its candidates, so a compile cannot ship a program that scored
 # worse on the selection set; plain bootstrapping collapsed to one copied demo reply on the seed set
-# (issue 15); the main job with select is recorded in docs/bench/main_job.json.
+# (issue 15); the main jobs with select are recorded in docs/bench/main_job.json (v0002) and main_job_v0003.json.
 DEFAULT_OPTIMIZER = "select"
 
 
@@ -33,7 +33,7 @@ class OptimizerConfig:
     select_candidates: int = 0
     # select: a compiled candidate must beat the uncompiled one by this much on the selection set to be kept.
     # On the 8-item seed selection set, bootstrap won by 0.005 (0.541 against 0.536) and then scored
-    # 0.496 against 0.541 on dev (docs/bench/main_job_v3.json); labeled had won by 0.042 and held on dev.
+    # 0.496 against 0.541 on dev (docs/bench/main_job_3a739ae.json); labeled had won by 0.042 and held on dev.
     select_margin: float = 0.02
     # mipro
     mipro_candidates: int = 3
