@@ -340,9 +340,21 @@ def echoed_span(reply: str, speaker_turns: Sequence[str], min_words: int = ECHO_
     return best
 
 
+def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
+    """"my grandma" in the reply when the speaker said "my grandma": the listener talking as the speaker
+    about the speaker's own person or thing. Returns the phrase, else None."""
+    def mine(text: str) -> set[str]:
+        tokens = [t for t in tokenize(text) if _WORD.search(t)]
+        return {f"my {w}" for a, w in zip(tokens, tokens[1:]) if a == "my" and w not in STOPWORDS}
+
+    theirs = set().union(*(mine(t) for t in speaker_turns)) if speaker_turns else set()
+    said = sorted(mine(reply) & theirs)
+    return said[0] if said else None
+
+
 def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1) -> bool:
-    """Does the reply repeat the speaker: one of their turns, all their words, their last turn, or a
-    first-person run of their words (``echoed_span``)?"""
+    """Does the reply repeat the speaker: one of their turns, all their words, their last turn, a
+    first-person run of their words (``echoed_span``), or their "my ..." (``claims_their_own``)?"""
     turns = [t for t in speaker_turns if t and t.strip()]
     if not turns:
         return False
@@ -352,7 +364,7 @@ def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1
     last = words(turns[-1])
     if len(last.split()) >= 4 and f" {last} " in f" {words(reply)} ":
         return True
-    return echoed_span(reply, turns) is not None
+    return echoed_span(reply, turns) is not None or claims_their_own(reply, turns) is not None
 
 
 # ---------------------------------------------------------------- agreement with human ratings

@@ -7,6 +7,7 @@ from trace_dspy.optimize.judge import judge_score, pairwise_rates
 from trace_dspy.optimize.scorers import (
     auc,
     bleu,
+    claims_their_own,
     content_words,
     distinct_n,
     distribution,
@@ -102,6 +103,12 @@ def test_response_rules():
     # Reusing their words in the listener's own voice is not parroting.
     assert echoed_span("You must be so nervous about the exam tomorrow.", [exam]) is None
     assert response_rules("I hope your exam goes well; no wonder you are nervous.", exam)["not_parroting"] is True
+    # "my grandma" back to a speaker who said "my grandma": the listener talks as the speaker.
+    grandma = "My grandma is in the hospital."
+    assert claims_their_own("My grandma, she's in the hospital. That's a sad story.", [grandma]) == "my grandma"
+    assert response_rules("My grandma, she's in the hospital.", grandma)["not_parroting"] is False
+    assert claims_their_own("I hope your grandma gets better soon.", [grandma]) is None
+    assert claims_their_own("I love my job.", ["I got the job!!"]) is None  # the speaker never said "my job"
     assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
     assert not gives_advice("I hope you find them soon.")
     assert sentence_count("Hi there. How are you? Fine") == 3
