@@ -115,6 +115,18 @@ def test_malformed_csv_names_file_and_line(tmp_path, body, where, what):
     assert str(path) + where in str(info.value) and what in str(info.value)
 
 
+def test_rows_whose_label_disagrees_are_reported_once_per_file_with_a_count(tmp_path, caplog):
+    body = ("0,1,1,hello,sad,sad\n1,1,2,hi,sad,sadacknowledging\n"
+            "2,2,1,hey,sad,sad\n3,2,2,ho,sad,sadquestioning\n")
+    path = _csv(tmp_path, body)
+    with caplog.at_level("WARNING", logger="trace_dspy.data.sources"):
+        first = read_ed_csv(path)
+        again = read_ed_csv(path)  # read again (another split): no second warning
+    warned = [r.getMessage() for r in caplog.records if "differs from the sample's first row" in r.getMessage()]
+    assert len(warned) == 1 and f"{path}:3:" in warned[0] and "2 rows" in warned[0], warned
+    assert [s.emotion for s in first] == [s.emotion for s in again] == ["sad", "sad"]
+
+
 def test_csv_header_and_quoted_newlines(tmp_path):
     path = tmp_path / "valid.csv"
     path.write_text("a,b\n1,2\n")

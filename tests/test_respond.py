@@ -207,10 +207,19 @@ def test_without_program_respond_and_chat_run_the_newest_artifact_that_improved(
     assert trace_dspy.load(attach_lms=False).generate_response.signature.instructions == "Be brief."
 
 
-def test_truncation_warnings_are_dropped_unless_verbose(caplog):
+def test_truncation_warnings_are_dropped_unless_verbose(caplog, monkeypatch):
     import logging
+    import os
 
     from trace_dspy.cli.common import setup_logging
+
+    # MLflow's artifact progress bars go too, unless the user chose otherwise.
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    setup_logging(False)
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")
+    setup_logging(False)
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "true"
 
     lm_log = logging.getLogger("dspy.clients.lm")
     lm_log.addHandler(caplog.handler)  # DSPy's loggers may not propagate to the root logger

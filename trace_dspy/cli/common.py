@@ -73,6 +73,11 @@ def setup_logging(verbose: bool = False) -> None:
     # warns on every such call, which buried the replies of respond and chat. --verbose shows them.
     lm_log = logging.getLogger("dspy.clients.lm")
     (lm_log.removeFilter if verbose else lm_log.addFilter)(_drop_truncation_warnings)
+    # MLflow draws a progress bar for every artifact download (a compile's registration, a models:/ load),
+    # even for a few local files; a value the user set wins.
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true" if verbose else "false")
     offline_litellm()
     bars_only_on_terminals()
 

@@ -248,6 +248,7 @@ def read_ed_csv(path: str | os.PathLike) -> list[Sample]:
             rows[did].append((turn, text.strip(), emotion, line))
 
     samples = []
+    disagreeing: list[tuple[int, str, str]] = []
     for did in order:
         turns = sorted(rows[did])
         first_line = turns[0][3]
@@ -265,13 +266,28 @@ def read_ed_csv(path: str | os.PathLike) -> list[Sample]:
         emotion = turns[0][2]
         if emotion not in EMOTIONS:
             raise DataError(f"{path}:{first_line}: unknown dialogue_emotion {emotion!r}")
-        for t in turns[1:]:
-            if t[2] != emotion:
-                log.warning("%s:%d: dialogue_emotion %r differs from the sample's first row (%r); using %r",
-                            path, t[3], t[2], emotion, emotion)
+        disagreeing += [(t[3], t[2], emotion) for t in turns[1:] if t[2] != emotion]
         texts = tuple(t[1] for t in turns)
         samples.append((did, texts, emotion))
+    if disagreeing:
+        _warn_once(path, disagreeing)
     return _ed_conversations(samples, path.stem)
+
+
+_WARNED: set[tuple[str, int, int]] = set()
+
+
+def _warn_once(path: Path, disagreeing: list[tuple[int, str, str]]) -> None:
+    """One warning per file and process (a file is read again for each split): a count and the first row."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    line, label, first = disagreeing[0]
+    more = f" ({len(disagreeing)} rows; the first shown)" if len(disagreeing) > 1 else ""
+    log.warning("%s:%d: dialogue_emotion %r differs from the sample's first row (%r); the first row's label is "
+                "used%s", path, line, label, first, more)
 
 
 def _ed_conversations(samples: list[tuple[str, tuple[str, ...], str]], stem: str) -> list[Sample]:
