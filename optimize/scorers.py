@@ -341,14 +341,19 @@ def echoed_span(reply: str, speaker_turns: Sequence[str], min_words: int = ECHO_
 
 
 def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
-    """"my grandma" in the reply when the speaker said "my grandma": the listener talking as the speaker
-    about the speaker's own person or thing. Returns the phrase, else None."""
-    def mine(text: str) -> set[str]:
-        tokens = [t for t in tokenize(text) if _WORD.search(t)]
+    """A reply that opens with "my grandma" to a speaker who said "my grandma": the listener talking as
+    the speaker about the speaker's own person or thing. Returns the phrase, else None.
+
+    Only the opening counts: later in a reply "my mum" is usually the listener's
+    own story ("I lost my mum too"), which human raters score as empathy.
+    """
+    def pairs(tokens: list[str]) -> set[str]:
         return {f"my {w}" for a, w in zip(tokens, tokens[1:]) if a == "my" and w not in STOPWORDS}
 
-    theirs = set().union(*(mine(t) for t in speaker_turns)) if speaker_turns else set()
-    said = sorted(mine(reply) & theirs)
+    words = lambda text: [t for t in tokenize(text) if _WORD.search(t)]  # noqa: E731
+    opening = pairs(words(reply)[:2])
+    theirs = set().union(*(pairs(words(t)) for t in speaker_turns)) if speaker_turns else set()
+    said = sorted(opening & theirs)
     return said[0] if said else None
 
 

@@ -109,6 +109,8 @@ def test_response_rules():
     assert response_rules("My grandma, she's in the hospital.", grandma)["not_parroting"] is False
     assert claims_their_own("I hope your grandma gets better soon.", [grandma]) is None
     assert claims_their_own("I love my job.", ["I got the job!!"]) is None  # the speaker never said "my job"
+    # Later in the reply it is the listener's own story, which raters score as empathy.
+    assert claims_their_own("I'm so sorry. I lost my grandma last year too.", [grandma]) is None
     assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
     assert not gives_advice("I hope you find them soon.")
     assert sentence_count("Hi there. How are you? Fine") == 3
