@@ -227,8 +227,13 @@ class EmpathyMetric:
     name = "empathy"
 
     def __init__(self, config: MetricConfig | None = None, *, judge=None, embedder=_UNSET, scorer=_UNSET,
-                 relevance=_UNSET, copy_sources: Iterable[str] = ()):
+                 relevance=_UNSET, copy_sources: Iterable[str] = (), reply_guards: bool = False):
         self.config = config or MetricConfig()
+        # The reply reward's extra guards (a first-person run or an opening "my ..." of the speaker's
+        # words, a repeat of the listener's own earlier turn): they steer a small writer's candidates,
+        # but they also zero a few human replies, so the evaluation metric leaves them out
+        # (docs/metric.md, "Guards of the reply reward").
+        self.reply_guards = reply_guards
         if self.config.judge > 0 and judge is None:
             raise ConfigError("the metric's judge weight is above 0 but no judge was given")
         self.judge = judge
@@ -290,7 +295,8 @@ class EmpathyMetric:
         parts = {"config": self.config.to_dict(), "similarity": self.similarity_kind,
                  "empathy": (self.scorer.meta.get("dev_table") if self.scorer is not None else None),
                  "relevance": (self.relevance.meta.get("dev_table") if self.relevance is not None else None),
-                 "copy_sources": hashlib.sha256("\x00".join(self.copy_sources).encode()).hexdigest()}
+                 "copy_sources": hashlib.sha256("\x00".join(self.copy_sources).encode()).hexdigest(),
+                 **({"reply_guards": True} if self.reply_guards else {})}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -312,7 +318,7 @@ class EmpathyMetric:
         gold_emotion, predicted = example.get("emotion"), _get(pred, "emotion")
         turns = _speaker_turns(example)
         speaker = " ".join(turns)
-        rules = response_rules(reply, speaker, speaker_turns=turns)
+        rules = response_rules(reply, speaker, speaker_turns=turns, strict=self.reply_guards)
         components: dict[str, float | None] = dict.fromkeys(COMPONENTS)
         if gold_emotion:
             components["emotion"] = emotion_credit(gold_emotion, predicted, cfg.group_credit)
@@ -332,7 +338,7 @@ class EmpathyMetric:
                                                       _get(pred, "secondary_strategy"))
         retrieved = [*exemplar_replies(_get(pred, "exemplars")), *(_get(pred, "exemplar_replies") or [])]
         # The listener's own earlier turns count too: a reply that says again what was said before is no answer.
-        earlier = _listener_turns(example)
+        earlier = _listener_turns(example) if self.reply_guards else []
         copied = near_copy(reply, [*retrieved, *self.copy_sources, *earlier], cfg.copy_f1)
         if copied is not None:
             details["copied"] = copied[:200]

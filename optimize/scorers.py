@@ -242,14 +242,15 @@ def reused_details(reply: str, source: str) -> set[str]:
 
 
 def response_rules(reply: str, speaker_text: str, *, max_sentences: int = 2, max_words: int = 60,
-                   speaker_turns: Sequence[str] | None = None) -> dict[str, bool]:
-    """TRACE's reply rules, checked without a model (``speaker_turns``: the speaker's turns, for parroting)."""
+                   speaker_turns: Sequence[str] | None = None, strict: bool = False) -> dict[str, bool]:
+    """TRACE's reply rules, checked without a model (``speaker_turns``: the speaker's turns, for parroting;
+    ``strict``: see ``parrots``)."""
     words = len([t for t in tokenize(reply) if _WORD.search(t)])
     return {
         "brief": 1 <= sentence_count(reply) <= max_sentences and words <= max_words,
         "reuses_detail": bool(reused_details(reply, speaker_text)),
         "no_advice": not gives_advice(reply),
-        "not_parroting": not parrots(reply, list(speaker_turns) if speaker_turns else [speaker_text]),
+        "not_parroting": not parrots(reply, list(speaker_turns) if speaker_turns else [speaker_text], strict=strict),
     }
 
 
@@ -357,9 +358,13 @@ def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
     return said[0] if said else None
 
 
-def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1) -> bool:
-    """Does the reply repeat the speaker: one of their turns, all their words, their last turn, a
-    first-person run of their words (``echoed_span``), or their "my ..." (``claims_their_own``)?"""
+def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1, *, strict: bool = False) -> bool:
+    """Does the reply repeat the speaker: one of their turns, all their words, or their last turn?
+
+    ``strict`` (the reply reward's guards) also counts a first-person run of
+    their words (``echoed_span``) and an opening "my ..." of theirs
+    (``claims_their_own``).
+    """
     turns = [t for t in speaker_turns if t and t.strip()]
     if not turns:
         return False
@@ -369,7 +374,7 @@ def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1
     last = words(turns[-1])
     if len(last.split()) >= 4 and f" {last} " in f" {words(reply)} ":
         return True
-    return echoed_span(reply, turns) is not None or claims_their_own(reply, turns) is not None
+    return strict and (echoed_span(reply, turns) is not None or claims_their_own(reply, turns) is not None)
 
 
 # ---------------------------------------------------------------- agreement with human ratings

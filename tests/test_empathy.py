@@ -184,14 +184,18 @@ def test_copied_and_parroted_replies_score_zero():
     for parrot in ("I failed my driving test again.", "Speaker: I failed my driving test again!"):
         scored = m.evaluate(EX, dspy.Prediction(response=parrot, **base))
         assert scored.score == 0 and "repeats the speaker" in scored.feedback
-    # In a longer conversation the listener's own earlier reply is a copy source: saying it again is no answer.
+    # With the reply guards (the reply reward), the listener's own earlier reply is a copy source: saying it
+    # again is no answer. The evaluation metric leaves it out (a few human listeners repeat a question).
     earlier = "That's a lovely story about your sister. She must be so happy."
     talk = dspy.Example(dialogue=f"Speaker: My sister got engaged!\nListener: {earlier}\nSpeaker: He proposed at the lake.",
                         emotion="joyful")
-    again = m.evaluate(talk, dspy.Prediction(response="That's a wonderful story about your sister. She must be so happy.",
-                                             **base))
+    repeat = dspy.Prediction(response="That's a wonderful story about your sister. She must be so happy.", **base)
+    assert m(talk, repeat) > 0.5
+    guarded = free_metric(scorer, rules=0.2)
+    guarded.reply_guards = True
+    again = guarded.evaluate(talk, repeat)
     assert again.score == 0 and again.details["repeats_listener"] and "listener said before" in again.feedback
-    assert m(talk, dspy.Prediction(response="At the lake where they met? That is so romantic.", **base)) > 0.5
+    assert guarded(talk, dspy.Prediction(response="At the lake where they met? That is so romantic.", **base)) > 0.5
 
 
 class FakeEmbedder:

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--search", action="store_true", help="grid-search the reference-free weights")
     parser.add_argument("--output", type=Path, help="write the results as JSON")
+    parser.add_argument("--reply-guards", action="store_true",
+                        help="score with the reply reward's extra guards on (what they cost in validity)")
     add_model_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from trace_dspy.optimize.empathy_fit import PUBLISHED
 
     config = MetricConfig()
-    metric = EmpathyMetric(config)
+    metric = EmpathyMetric(config, reply_guards=args.reply_guards)
     if metric.scorer is None:
         return fail("the validity study needs the learned scorer, which needs the 'embed' extra")
     meta = metric.scorer.meta

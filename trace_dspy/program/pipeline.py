@@ -249,7 +249,9 @@ class TraceProgram(dspy.Module):
         """The reference-free metric score of a reply candidate: no gold reply, no LM call.
 
         Uses ``self.reward_fn`` when set (tests, custom rewards), else the
-        default EmpathyMetric's learned empathy, strategy fit, relevance and rules.
+        default EmpathyMetric's learned empathy, strategy fit, relevance and rules,
+        with its reply guards on (a candidate that talks as the speaker or says
+        the listener's earlier turn again scores 0).
         """
         if self.reward_fn is not None:
             return float(self.reward_fn(inputs, pred))
@@ -258,7 +260,7 @@ class TraceProgram(dspy.Module):
         if self._reward_metric is None or self._reward_metric[0] != demos:
             from trace_dspy.optimize.metric import EmpathyMetric
 
-            self._reward_metric = (demos, EmpathyMetric(copy_sources=demos))
+            self._reward_metric = (demos, EmpathyMetric(copy_sources=demos, reply_guards=True))
         candidate = dspy.Prediction(response=pred.response, strategy=inputs.get("strategy"),
                                     secondary_strategy=inputs.get("secondary_strategy"),
                                     exemplars=inputs.get("exemplars") or [])
