@@ -49,7 +49,7 @@ from trace_dspy.optimize.scorers import (
 )
 
 from trace_dspy.core.config import ConfigError, from_table
-from trace_dspy.core.dialogue import LISTENER, parse_dialogue, speaker_turns
+from trace_dspy.core.dialogue import listener_turns, speaker_turns
 from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.core.stages import REGISTRY
 
@@ -476,7 +476,7 @@ def _speaker_turns(example) -> list[str]:
 
 def _listener_turns(example) -> list[str]:
     try:
-        return [t.text for t in parse_dialogue(example.dialogue) if t.role == LISTENER]
+        return listener_turns(example.dialogue)
     except Exception:  # a malformed dialogue has no earlier replies
         return []
 

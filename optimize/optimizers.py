@@ -119,7 +119,6 @@ def _select(cfg, program, metric, trainset, valset, prompt_lm):
     if winner is not None and uncompiled is not None and winner is not uncompiled \
             and float(winner["score"]) - float(uncompiled["score"]) < 100.0 * cfg.select_margin:
         kept = uncompiled["program"]
-        kept.__dict__.pop("candidate_programs", None)
     else:
         kept = best
     kept.selection = [{"candidate": kinds.get(c["seed"], f"bootstrap-shuffled-{c['seed']}"),

@@ -319,14 +319,18 @@ FIRST_PERSON = frozenset({"i", "'m", "me", "my", "mine", "myself", "we", "our", 
 ECHO_SPAN = 5
 
 
+def _words(text: str) -> list[str]:
+    """The word tokens of ``text`` (punctuation dropped; "'m" kept, it marks the first person)."""
+    return [t for t in tokenize(text) if _WORD.search(t) or t == "'m"]
+
+
 def echoed_span(reply: str, speaker_turns: Sequence[str], min_words: int = ECHO_SPAN) -> list[str] | None:
     """The longest run of at least ``min_words`` words that the reply repeats verbatim from a speaker turn
     and that speaks in the first person (the listener talking as the speaker), else None."""
-    words = lambda text: [t for t in tokenize(text) if _WORD.search(t) or t == "'m"]  # noqa: E731
-    mine = words(reply)
+    mine = _words(reply)
     best: list[str] | None = None
     for turn in speaker_turns:
-        theirs = words(turn)
+        theirs = _words(turn)
         # Longest common contiguous run (dynamic programming over two short word lists).
         prev = [0] * (len(theirs) + 1)
         for i in range(1, len(mine) + 1):
@@ -351,9 +355,8 @@ def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
     def pairs(tokens: list[str]) -> set[str]:
         return {f"my {w}" for a, w in zip(tokens, tokens[1:]) if a == "my" and w not in STOPWORDS}
 
-    words = lambda text: [t for t in tokenize(text) if _WORD.search(t)]  # noqa: E731
-    opening = pairs(words(reply)[:2])
-    theirs = set().union(*(pairs(words(t)) for t in speaker_turns)) if speaker_turns else set()
+    opening = pairs(_words(reply)[:2])
+    theirs = set().union(*(pairs(_words(t)) for t in speaker_turns))
     said = sorted(opening & theirs)
     return said[0] if said else None
 

@@ -137,6 +137,11 @@ def speaker_turns(dialogue: str) -> list[str]:
     return [t.text for t in parse_dialogue(dialogue) if t.role == SPEAKER]
 
 
+def listener_turns(dialogue: str) -> list[str]:
+    """The listener's turns of a dialogue, in order."""
+    return [t.text for t in parse_dialogue(dialogue) if t.role == LISTENER]
+
+
 def speaker_text(dialogue: str) -> str:
     """All of the speaker's words in a canonical dialogue, joined by spaces."""
     return " ".join(speaker_turns(dialogue))

@@ -217,7 +217,7 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     def format(self, signature, demos, inputs):
         if not is_reply_signature(signature):
             return super().format(signature, demos, inputs)
-        from trace_dspy.core.dialogue import LISTENER, parse_dialogue
+        from trace_dspy.core.dialogue import LISTENER, parse_dialogue, split_exemplar
 
         # Compiled instructions are the writer's; the stock ones describe the field layout.
         instructions = textwrap.dedent(signature.instructions).strip()
@@ -231,7 +231,8 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         pairs = [(demo["dialogue"], str(demo["response"])) for demo in demos
                  if demo.get("dialogue") and demo.get("response")]
         if self.exemplars:
-            pairs += [pair for pair in map(_exemplar_pair, inputs.get("exemplars") or []) if pair is not None]
+            exemplars = (split_exemplar(text) for text in inputs.get("exemplars") or [] if isinstance(text, str))
+            pairs += [pair for pair in exemplars if pair is not None]
         for dialogue, reply in pairs:
             try:
                 said = [t.text for t in parse_dialogue(dialogue) if t.role != LISTENER]
@@ -257,13 +258,6 @@ class ChatReplyAdapter(dspy.ChatAdapter):
             raise AdapterParseError(adapter_name="ChatReplyAdapter", signature=signature, lm_response=completion,
                                     message="the reply was empty after removing role prefixes and loops")
         return {"response": reply}
-
-
-def _exemplar_pair(text) -> tuple[str, str] | None:
-    """(dialogue, reply) of a formatted exemplar, or None when ``text`` is not one."""
-    from trace_dspy.core.dialogue import split_exemplar
-
-    return split_exemplar(text) if isinstance(text, str) else None
 
 
 _CHAT_REPLY = {False: ChatReplyAdapter(), True: ChatReplyAdapter(exemplars=True)}

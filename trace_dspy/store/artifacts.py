@@ -72,6 +72,11 @@ def check_name(name: str) -> str:
     return name
 
 
+def version_dir(root: str | os.PathLike | None, name: str, number: int) -> Path:
+    """The folder of version ``number`` of ``name`` under ``root`` (``artifacts/NAME/vNNNN``)."""
+    return artifacts_root(root) / name / f"v{number:04d}"
+
+
 def versions(name: str, root: str | os.PathLike | None = None) -> list[int]:
     """Version numbers under ``root/name``; a symbolic link is not a version (see ``resolve_local``)."""
     folder = artifacts_root(root) / check_name(name)
@@ -172,7 +177,7 @@ def write_artifact(
                 **manifest,
             }
             _write_json(tmp / "manifest.json", record)
-            target = folder / f"v{number:04d}"
+            target = version_dir(root, name, number)
             try:
                 os.rename(tmp, target)  # atomic; fails if another writer took the number
                 return target, record
@@ -450,7 +455,7 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
                 raise ArtifactError(f"{name} has no version {number}; it has {', '.join(f'v{v}' for v in have)}")
         else:
             raise ArtifactError(f"{ref!r}: use {name}@vN or {name}@latest")
-        return base / name / f"v{number:04d}"
+        return version_dir(base, name, number)
     raise ArtifactError(
         f"cannot resolve program {ref!r}: give 'default', an artifact folder, a program.json, "
         "NAME@vN, NAME@latest, 'champion', models:/NAME/VERSION or runs:/RUN_ID"

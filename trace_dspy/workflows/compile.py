@@ -22,6 +22,7 @@ from trace_dspy.workflows.evaluation import (
     evaluate_program,
     format_table,
 )
+from trace_dspy.workflows.loading import not_worse_than_uncompiled
 from trace_dspy.workflows.settings import Settings
 
 
@@ -140,8 +141,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                      results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
                                      desc="dev after", reference_dist2=before.summary.get("dist2"))
-            # Not worse than the uncompiled program on dev (equal when select kept the uncompiled candidate).
-            improved = after.score >= before.score
+            improved = not_worse_than_uncompiled(before.summary, after.summary)
             if after.summary.get("collapsed"):
                 _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
                      "it is saved, but it will not become champion")
@@ -202,8 +202,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                                                     tags={"artifact_name": cfg.name,
                                                           "artifact_version": str(final_manifest["version"])})
                 mlflow.set_tag("trace_dspy.registry_version", str(registry_version))
-                # 4. promote, if it is not worse than the uncompiled program, beats the champion and did not collapse
-                promoted = not after.summary.get("collapsed") and improved and promote_if_better(
+                # 4. promote, if it is not worse than the uncompiled program (nor collapsed) and beats the champion
+                promoted = improved and promote_if_better(
                     registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
                 mlflow.set_tag("trace_dspy.champion", str(promoted))
     return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,

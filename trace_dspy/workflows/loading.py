@@ -66,28 +66,32 @@ def default_reference() -> str:
     program it started from is saved (it is ``trace-dspy@latest``) but not
     run by default, and it does not become ``champion``.
     """
-    from trace_dspy.store.artifacts import DEFAULT_NAME, ArtifactError, artifacts_root, read_manifest, search_roots
+    from trace_dspy.store.artifacts import DEFAULT_NAME, ArtifactError, read_manifest, search_roots, version_dir
     from trace_dspy.store.artifacts import versions as list_versions
 
-    for root in search_roots():
+    roots = search_roots()
+    for root in roots:
         for number in sorted(list_versions(DEFAULT_NAME, root), reverse=True):
-            folder = artifacts_root(root) / DEFAULT_NAME / f"v{number:04d}"
+            folder = version_dir(root, DEFAULT_NAME, number)
             try:
                 manifest = read_manifest(folder)
             except ArtifactError:
                 continue  # a damaged folder is not a default; loading it by name says what is wrong
-            if improved_on_dev(manifest):
-                return str(folder) if root != search_roots()[0] else f"{DEFAULT_NAME}@v{number}"
+            scores = manifest.get("scores") or {}
+            if not_worse_than_uncompiled(scores.get("dev_before"), scores.get("dev_after")):
+                return f"{DEFAULT_NAME}@v{number}" if root == roots[0] else str(folder)
     return "default"
 
 
-def improved_on_dev(manifest: dict) -> bool:
-    """Did the compiled program score at least as well as the uncompiled one on the compile's dev set (equal
-    when the optimizer kept the uncompiled program), without collapsing?"""
-    scores = manifest.get("scores") or {}
-    before, after = scores.get("dev_before") or {}, scores.get("dev_after") or {}
-    b, a = before.get("empathy"), after.get("empathy")
-    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and a >= b and not after.get("collapsed")
+def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:
+    """Did a compiled program score at least as well on dev as the uncompiled one it started from (equal
+    when the optimizer kept the uncompiled program), without collapsing? ``before``/``after``: dev summaries.
+
+    The one rule behind ``champion`` (compile) and the program respond and chat run by default.
+    """
+    b, a = (before or {}).get("empathy"), (after or {}).get("empathy")
+    return (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a >= b
+            and not (after or {}).get("collapsed"))
 
 
 def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
