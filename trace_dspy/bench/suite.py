@@ -599,50 +599,59 @@ PUBLISHED_EMOTION = {"CEM (Sabour et al., 2022)": 0.391, "CASE (Zhou et al., 202
 
 
 def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 3), seed: int = 0,
-                    cost_items: int = 100, on_item=None) -> dict[str, Any]:
+                    cost_items: int = 100, on_item=None, prior_kind: str = "fitted") -> dict[str, Any]:
     """Emotion accuracy on the TRACE-view test set: the majority label, the fitted prior alone
     on every item, and the stage (``recognize_emotion`` on ``lm``) with the prior's top ``k``
-    on ``limit`` seeded items (k = 0: the LM alone); plus the prior's milliseconds per dialogue."""
+    on ``limit`` seeded items (k = 0: the LM alone); plus the prior's milliseconds per dialogue.
+
+    ``prior_kind``: ``fitted`` fits one on the source's training side (what ``compile`` on that
+    source does); ``shipped`` uses the prior packaged with trace-dspy (what programs compiled on
+    the seed set use)."""
     import random
 
     from trace_dspy.core.config import ProgramConfig
-    from trace_dspy.core.dialogue import speaker_text
     from trace_dspy.core.labels import ekman_group
     from trace_dspy.data.sources import partition_by_conversation, select_view
     from trace_dspy.program.emotion_prior import (
+        PriorError,
         accuracy,
         cached_prior,
         default_encoder,
         format_candidates,
+        shipped_prior,
     )
     from trace_dspy.program.pipeline import TraceProgram
 
-    prior = cached_prior(source, seed=seed)
+    if prior_kind == "shipped":
+        prior = shipped_prior()
+        if prior is None:
+            raise PriorError("this installation has no shipped prior")
+    elif prior_kind == "fitted":
+        prior = cached_prior(source, seed=seed)
+    else:
+        raise ValueError(f"prior_kind must be 'fitted' or 'shipped', not {prior_kind!r}")
     encode = default_encoder()
     test = select_view(source.test, "trace")
     picked = sorted(random.Random(seed).sample(range(len(test)), min(limit, len(test))))
     items = [test[i] for i in picked]
     # Cost first, while the test texts are not yet in the embedder's cache: one dialogue per call.
     cold = [t for t in test if t not in items][:cost_items]
-    times = []
-    for sample in cold:
-        start = time.perf_counter()
-        prior.candidates(sample.dialogue, 3, encode)
-        times.append(time.perf_counter() - start)
-    texts, gold = [speaker_text(s.dialogue) for s in test], [s.emotion for s in test]
+    cost = measure_prior_cost(prior, cold, encode)
+    texts, gold = [prior.text_of(s.dialogue) for s in test], [s.emotion for s in test]
     train = partition_by_conversation(source.pool, 0.2, seed=seed)[0]
     majority = max(sorted({s.emotion for s in train}), key=[s.emotion for s in train].count)
     group_majority = max(sorted({ekman_group(s.emotion) for s in train}),
                          key=[ekman_group(s.emotion) for s in train].count)
     result: dict[str, Any] = {
-        "test_items": len(test), "stage_items": len(items), "seed": seed, "prior": prior.describe(),
+        "test_items": len(test), "stage_items": len(items), "seed": seed, "prior_kind": prior_kind,
+        "prior": prior.describe(),
         "majority": {"label": majority, "accuracy": sum(g == majority for g in gold) / len(gold),
                      "group": group_majority,
                      "group_accuracy": sum(ekman_group(g) == group_majority for g in gold) / len(gold)},
         "prior_all": {**accuracy(prior, texts, gold, encode), "n": len(test)},
-        "prior_on_stage_items": accuracy(prior, [speaker_text(s.dialogue) for s in items],
+        "prior_on_stage_items": accuracy(prior, [prior.text_of(s.dialogue) for s in items],
                                          [s.emotion for s in items], encode),
-        "prior_ms_per_dialogue": _ms(times), "published": PUBLISHED_EMOTION, "stage": []}
+        **cost, "published": PUBLISHED_EMOTION, "stage": []}
     for k in ks:
         program = TraceProgram(ProgramConfig(prior_k=k), emotion_prior=prior if k else None)
         program.set_stage_lms({"recognize_emotion": lm})
@@ -665,6 +674,48 @@ def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 
     return result
 
 
+def measure_prior_cost(prior, samples: Sequence, encode) -> dict[str, Any]:
+    """The prior's milliseconds per dialogue, each embedding computed afresh, two ways:
+
+    - ``prior_ms_per_dialogue``: the prior on its own (its embedding plus the linear model);
+    - ``prior_added_ms_per_dialogue``: what it adds to a program whose reply reward scores a reply
+      (Best-of-N, the default): the time of prior + reward minus the reward alone on the same
+      dialogue and reply (the sample's gold reply), with the embedder's cache emptied before each.
+      A prior of feature version 2 embeds the speaker's words as the reward spells them, so the
+      reward finds that embedding cached.
+    """
+    from trace_dspy.core.dialogue import speaker_text
+    from trace_dspy.optimize.empathy import EmpathyScorer
+    from trace_dspy.optimize.similarity import get_embedder
+
+    embedder = get_embedder()
+    scorer = EmpathyScorer(encode=encode)
+    alone, added = [], []
+
+    def forget():
+        if embedder is not None:
+            embedder._cache.clear()
+
+    for sample in samples:
+        speaker, reply = speaker_text(sample.dialogue), sample.response
+        forget()
+        start = time.perf_counter()
+        prior.candidates(sample.dialogue, 3, encode)
+        t_prior = time.perf_counter() - start
+        start = time.perf_counter()
+        scorer.score(speaker, reply)
+        t_reward_after_prior = time.perf_counter() - start
+        forget()
+        start = time.perf_counter()
+        scorer.score(speaker, reply)
+        t_reward = time.perf_counter() - start
+        alone.append(t_prior)
+        added.append(t_prior + t_reward_after_prior - t_reward)
+    forget()
+    return {"prior_ms_per_dialogue": _ms(alone), "prior_added_ms_per_dialogue": _ms(added),
+            "prior_feature_version": prior.feature_version}
+
+
 def emotion_markdown(result: dict[str, Any]) -> str:
     n, m = result["stage_items"], result["test_items"]
     rows = [("majority label (" + result["majority"]["label"] + ")", m, result["majority"]["accuracy"],
@@ -680,8 +731,12 @@ def emotion_markdown(result: dict[str, Any]) -> str:
                              *([f"{name} (published)", "5,255", f"{acc:.3f}", "-"]
                                for name, acc in result["published"].items())])]
     cost = result["prior_ms_per_dialogue"]
-    lines += ["", f"Prior cost: {cost['mean_ms']:.1f} ms per dialogue (median {cost['median_ms']:.1f}, "
+    lines += ["", f"Prior cost on its own: {cost['mean_ms']:.1f} ms per dialogue (median {cost['median_ms']:.1f}, "
               f"p95 {cost['p95_ms']:.1f}, {cost['calls']} calls), one dialogue per call, embeddings not cached."]
+    added = result.get("prior_added_ms_per_dialogue")
+    if added:
+        lines += [f"Prior cost added to a program whose reply reward runs: {added['mean_ms']:.1f} ms per dialogue "
+                  f"(median {added['median_ms']:.1f}, p95 {added['p95_ms']:.1f})."]
     return "\n".join(lines)
 
 

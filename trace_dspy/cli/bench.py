@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "emotion":
             p.add_argument("--limit", type=int, default=300, help="seeded test items for the stage (default 300)")
             p.add_argument("--k", type=_k_list, default=[0, 2, 3], help="candidate counts; 0 = the LM alone")
+            p.add_argument("--prior", choices=("fitted", "shipped"), default="fitted",
+                           help="fitted: fit one on the source's training side, as compile does (default); "
+                                "shipped: the prior packaged with trace-dspy, as seed-set programs use")
         elif name == "scorer":
             p.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
         elif name == "compile":
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             lm = lms.stage_lms().get("recognize_emotion") or lms.default
             with progress(desc="emotion stage", total=args.limit * len(args.k)) as bar:
                 result = measure_emotion(source, lm, limit=args.limit, ks=args.k, seed=args.seed,
-                                         on_item=lambda *_: bar.update(1))
+                                         on_item=lambda *_: bar.update(1), prior_kind=args.prior)
             return _finish(args, argv, "emotion", result, emotion_markdown(result))
         if args.command == "scorer":
             if args.limit < 1:

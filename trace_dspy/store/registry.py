@@ -1,10 +1,14 @@
 """The MLflow model registry side of artifacts: versions, the champion alias, fetching.
 
 A registered model (default ``trace-dspy``) gets one version per compile. Its
-source is the compile run's ``artifact/`` folder (program.json and
-manifest.json, no pickle). Each version carries the dev score as a tag; the
-alias ``champion`` moves to a new version only when that score beats the
-current champion's.
+source is the compile run's MLflow model: a pyfunc logged from code
+(``trace_dspy.workflows.serving``) whose model artifact ``program`` is the
+artifact folder (program.json, manifest.json, the prior and the index; no
+pickle), so that ``mlflow.pyfunc.load_model``, ``mlflow models serve`` and
+``spark_udf`` run it. Versions registered before that point at the run's
+``artifact/`` folder; both kinds load. Each version carries the dev score as a
+tag; the alias ``champion`` moves to a new version only when that score beats
+the current champion's.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ def _client(tracking_uri: str | None):
 
 
 def register_version(run_id: str, artifact_uri: str, score: float, *, model: str = DEFAULT_MODEL,
-                     tracking_uri: str | None = None, tags: dict[str, str] | None = None) -> int:
-    """Create a registry version whose source is the run's artifact folder."""
+                     tracking_uri: str | None = None, tags: dict[str, str] | None = None,
+                     model_uri: str | None = None, model_id: str | None = None) -> int:
+    """Create a registry version whose source is the run's logged MLflow model (``model_uri``,
+    ``model_id``), or, without one, the run's artifact folder."""
     from mlflow.exceptions import MlflowException
 
     from trace_dspy.store.tracking import store_lock
@@ -47,7 +53,8 @@ def register_version(run_id: str, artifact_uri: str, score: float, *, model: str
             client.get_registered_model(model)
         except MlflowException:
             client.create_registered_model(model, description="TRACE programs compiled by trace-dspy (JSON state)")
-    version = client.create_model_version(model, source=f"{artifact_uri}/{ARTIFACT_SUBDIR}", run_id=run_id,
+    source = model_uri or f"{artifact_uri}/{ARTIFACT_SUBDIR}"
+    version = client.create_model_version(model, source=source, run_id=run_id, model_id=model_id,
                                           tags={SCORE_TAG: repr(float(score)), **(tags or {})})
     return int(version.version)
 
@@ -113,7 +120,15 @@ def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str 
                                                     tracking_uri=resolve_tracking_uri(tracking_uri))
     except MlflowException as exc:
         raise ArtifactError(f"cannot fetch {ref!r} from {resolve_tracking_uri(tracking_uri)}: {exc.message}") from None
-    folder = Path(local)
-    if not (folder / "manifest.json").is_file() and (folder / ARTIFACT_SUBDIR / "manifest.json").is_file():
-        folder = folder / ARTIFACT_SUBDIR
-    return folder
+    found = artifact_folder_in(Path(local))
+    if found is None:
+        raise ArtifactError(f"{ref!r} holds no trace-dspy artifact (no manifest.json in {local})")
+    return found
+
+
+def artifact_folder_in(folder: Path) -> Path | None:
+    """The artifact folder in a downloaded registry source: the folder itself, its ``artifact/``
+    (versions registered as files), or the pyfunc model's ``artifacts/<name>/``; None if there is none."""
+    candidates = [folder, folder / ARTIFACT_SUBDIR, folder / "artifacts" / "program",
+                  *sorted(p for p in (folder / "artifacts").glob("*") if p.is_dir())]
+    return next((p for p in candidates if (p / "manifest.json").is_file()), None)

@@ -39,6 +39,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
         time.sleep(self.server.latency)
+        marker = self.server.fail_marker
+        if marker and any(marker in _text(m) for m in messages):
+            # An injected fault: a request the provider refuses (HTTP 400 is not retried by clients).
+            with self.server.lock:
+                self.server.refused += 1
+            self._send(400, {"error": {"message": f"refused: the request contains {marker!r}",
+                                       "type": "invalid_request_error"}})
+            return
         system = "".join(_text(m) for m in messages if m.get("role") == "system")
         users = [_text(m) for m in messages if m.get("role") == "user"]
         text = self.server.engine.reply_text(system, users[-1] if users else "")
@@ -86,13 +94,16 @@ class _Server(http.server.ThreadingHTTPServer):
     engine: Any
     lock: threading.Lock
     requests: int
+    refused: int
+    fail_marker: str | None
     authorizations: list[str]
 
 
 class FakeChatServer:
     """Start on a free 127.0.0.1 port; use as a context manager (or call ``close``)."""
 
-    def __init__(self, latency: float = 0.2, engine=None):
+    def __init__(self, latency: float = 0.2, engine=None, *, fail_marker: str | None = None):
+        """``fail_marker``: a request whose messages contain it is refused with HTTP 400 (fault injection)."""
         from trace_dspy.testing.fakes import ScriptedEngine
 
         if latency < 0:
@@ -102,6 +113,8 @@ class FakeChatServer:
         self._server.engine = engine or ScriptedEngine()
         self._server.lock = threading.Lock()
         self._server.requests = 0
+        self._server.refused = 0
+        self._server.fail_marker = fail_marker
         self._server.authorizations = []
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-chat-server", daemon=True)
         self._thread.start()
@@ -114,6 +127,11 @@ class FakeChatServer:
     @property
     def requests(self) -> int:
         return self._server.requests
+
+    @property
+    def refused(self) -> int:
+        """Requests refused because they carried the fail marker."""
+        return self._server.refused
 
     @property
     def authorizations(self) -> list[str]:

@@ -194,13 +194,14 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
 
                 mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
                                  "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
-                # 2. log: params, metrics and the artifact's files
-                _log_run(cfg, folder, before.summary, after.summary)
-                # 3. register a version whose source is the logged files
+                # 2. log: params, metrics, the artifact's files and the pyfunc model that carries them
+                model_info = _log_run(cfg, folder, before.summary, after.summary)
+                # 3. register a version whose source is the logged model
                 registry_version = register_version(run_id, run.info.artifact_uri, after.score,
                                                     model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
                                                     tags={"artifact_name": cfg.name,
-                                                          "artifact_version": str(final_manifest["version"])})
+                                                          "artifact_version": str(final_manifest["version"])},
+                                                    model_uri=model_info.model_uri, model_id=model_info.model_id)
                 mlflow.set_tag("trace_dspy.registry_version", str(registry_version))
                 # 4. promote, if it is not worse than the uncompiled program (nor collapsed) and beats the champion
                 promoted = improved and promote_if_better(
@@ -289,10 +290,12 @@ def _mlflow_context(cfg: CompileConfig):
     return ctx
 
 
-def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict) -> None:
+def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict):
+    """Log the run's params, metrics and files, and the program as an MLflow pyfunc model; its ModelInfo."""
     import mlflow
 
     from trace_dspy.store.tracking import log_params, numeric_metrics
+    from trace_dspy.workflows.serving import log_program_model
 
     log_params(cfg.record())
     metrics = {**numeric_metrics(before, "dev_before"), **numeric_metrics(after, "dev_after")}
@@ -301,3 +304,4 @@ def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict) -> Non
             metrics[f"dev_delta/{key}"] = after[key] - before[key]
     mlflow.log_metrics(metrics)
     mlflow.log_artifacts(str(folder), artifact_path="artifact")
+    return log_program_model(folder)

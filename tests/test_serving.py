@@ -1,0 +1,223 @@
+"""The compiled program as an MLflow pyfunc model: logged from code by compile, registered, loaded by MLflow's
+own loader, served over HTTP, and never pickled."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import trace_dspy.lm.specs as lms_module
+from trace_dspy.core.labels import EMOTIONS
+from trace_dspy.testing.fakes import ScriptedEngine, fake_lm
+from trace_dspy.testing.server import FakeChatServer
+from trace_dspy.workflows import serving
+from trace_dspy.workflows.serving import OUTPUT_COLUMNS, lm_config_from_env, required_extras
+
+REPO = Path(__file__).resolve().parents[1]
+# Fast and model-free: no prior, one reply, token-F1 similarity (no MiniLM).
+FAST = '[metric]\nsimilarity_kind = "token_f1"\n[program]\nprior_k = 0\nbest_of = 1\n'
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".cloudpickle", ".joblib")
+SECRET = "sk-serving-test-0123456789"
+
+
+def reply_for(outputs, inputs):
+    if "response" in outputs:
+        words = (inputs.get("dialogue") or inputs.get("message") or "").split()[-3:]
+        return {"response": f"That sounds like a lot; {' '.join(words)} how are you doing?"}
+    return {}
+
+
+def _compile(tmp_path: Path, monkeypatch) -> str:
+    """One compile with a fake LM into a sqlite store; returns the tracking URI."""
+    from trace_dspy.cli.compile import main
+
+    lm, _ = fake_lm(reply_for)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    (tmp_path / "fast.toml").write_text(FAST)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--threads", "1",
+                 "--config", "fast.toml", "--tracking-uri", uri]) == 0
+    return uri
+
+
+@pytest.fixture
+def compiled(tmp_path, monkeypatch):
+    return _compile(tmp_path, monkeypatch)
+
+
+def test_compile_registers_a_pyfunc_model_that_mlflow_loads_and_runs(compiled, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(compiled)
+    client = MlflowClient(tracking_uri=compiled)
+    mv = client.get_model_version_by_alias("trace-dspy", "champion")
+    assert mv.source.startswith("models:/m-")  # the logged model, not a folder of files
+    model = mlflow.pyfunc.load_model("models:/trace-dspy@champion")
+    schema = model.metadata.get_input_schema()
+    assert schema.input_names() == ["dialogue"]
+    assert model.metadata.get_output_schema().input_names() == list(OUTPUT_COLUMNS)
+    frame = pd.DataFrame({"dialogue": ["I lost my ring at the beach.", "", "Speaker: I got the job!\nListener: Wow!\n"
+                                       "Speaker: I start on Monday."]})
+    out = model.predict(frame)
+    assert list(out.columns) == list(OUTPUT_COLUMNS) and len(out) == 3
+    assert out.loc[0, "error"] == "" and "beach." in out.loc[0, "reply"] and out.loc[0, "emotion"] in EMOTIONS
+    assert json.loads(out.loc[0, "stages"])["emotion"] == out.loc[0, "emotion"]
+    assert out.loc[1, "error"].startswith("invalid dialogue") and out.loc[1, "reply"] == ""  # kept, in place
+    assert out.loc[2, "error"] == "" and "Monday." in out.loc[2, "reply"]
+    # trace_dspy.load reaches the same version through the registry.
+    import trace_dspy
+
+    program = trace_dspy.load("models:/trace-dspy@champion", tracking_uri=compiled)
+    assert program(dialogue="I lost my ring at the beach.").response == out.loc[0, "reply"]
+
+
+def test_the_logged_model_holds_code_and_json_and_no_pickle(compiled, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    mv = MlflowClient(tracking_uri=compiled).get_model_version_by_alias("trace-dspy", "champion")
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(tmp_path / "dl"),
+                                                     tracking_uri=compiled))
+    files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    assert "pyfunc_model.py" in files and "MLmodel" in files
+    assert any(f.endswith("program.json") for f in files) and any(f.endswith("manifest.json") for f in files)
+    assert not [f for f in files if f.endswith(PICKLE_SUFFIXES)], files
+    for path in local.rglob("*"):  # no file starts with a pickle protocol header either
+        if path.is_file():
+            assert path.read_bytes()[:1] != b"\x80", path
+    mlmodel = (local / "MLmodel").read_text()
+    assert "model_code_path" in mlmodel and "python_model.pkl" not in mlmodel
+    requirements = (local / "requirements.txt").read_text()
+    assert "trace-dspy" in requirements and "mlflow==" in requirements
+    # A key in the compile's environment never reaches the model: the LM is chosen where it is served.
+    for path in local.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_extras_follow_what_the_program_needs(tmp_path):
+    folder = tmp_path / "a"
+    folder.mkdir()
+    manifest = json.loads((REPO / "artifacts/trace-dspy/v0003/manifest.json").read_text())
+    manifest["config"]["lm"]["default"]["model"] = "local"
+    manifest["config"]["program"].update(best_of=1, prior_k=0)
+
+    def extras():
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        return required_extras(folder)
+
+    assert extras() == ["local"]
+    manifest["config"]["lm"]["default"]["model"] = "openai/gpt-4o-mini"
+    manifest["config"]["program"]["best_of"] = "auto"  # the reply reward embeds with MiniLM
+    assert extras() == ["embed"]
+    manifest["config"]["program"]["best_of"] = 1
+    (folder / "emotion_prior.npz").write_bytes(b"")
+    assert extras() == ["embed"]
+    manifest["config"]["lm"]["stages"] = {"generate_response": {"model": "local"}}
+    assert extras() == ["embed", "local"]
+
+
+def test_the_serving_environment_chooses_the_lm_and_never_stores_a_key():
+    assert lm_config_from_env({}) is None  # the artifact's recorded (embedded) model
+    config = lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_API_BASE": "http://127.0.0.1:9/v1",
+                                 "TRACE_DSPY_API_KEY_ENV": "MY_KEY", "TRACE_DSPY_TIMEOUT": "7"})
+    spec = config.default
+    assert (spec.model, spec.api_base, spec.api_key_env, spec.timeout) == ("openai/m", "http://127.0.0.1:9/v1",
+                                                                            "MY_KEY", 7.0)
+    with pytest.raises(serving.ServingConfigError, match="TRACE_DSPY_TIMEOUT"):
+        lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_TIMEOUT": "soon"})
+    with pytest.raises(serving.ServingConfigError, match="NAME of an environment variable"):
+        lm_config_from_env({"TRACE_DSPY_API_KEY_ENV": "sk-secret-value"})
+
+
+def test_inputs_in_every_accepted_shape():
+    assert serving.dialogues_from(pd.DataFrame({"dialogue": ["a", "b"]})) == ["a", "b"]
+    assert serving.dialogues_from(["a", {"dialogue": "b"}]) == ["a", "b"]
+    assert serving.dialogues_from({"dialogue": ["a"]}) == ["a"] and serving.dialogues_from("a") == ["a"]
+    with pytest.raises(ValueError, match="'dialogue' column"):
+        serving.dialogues_from(pd.DataFrame({"text": ["a"]}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, payload: dict, timeout: float = 60) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_invocations(compiled, tmp_path):
+    port = _free_port()
+    with FakeChatServer(latency=0.0, engine=ScriptedEngine(responder=reply_for)) as lm_server:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": compiled, "TRACE_DSPY_LM": "openai/fake",
+               "TRACE_DSPY_API_BASE": lm_server.api_base, "TRACE_DSPY_API_KEY_ENV": "FAKE_SERVING_KEY",
+               "FAKE_SERVING_KEY": "unused", "TRACE_DSPY_CACHE": str(tmp_path / "cache")}
+        log = open(tmp_path / "serve.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m",
+                                 "models:/trace-dspy@champion", "--env-manager", "local", "-h", "127.0.0.1",
+                                 "-p", str(port)], env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 180
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                assert time.time() < deadline, "the server did not start in 180 s"
+                time.sleep(1)
+            body = _post(f"http://127.0.0.1:{port}/invocations", {"dataframe_records": [
+                {"dialogue": "My dog died yesterday."}, {"dialogue": ""}, {"dialogue": "I got the job!!"}]})
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+        rows = body["predictions"]
+        assert len(rows) == 3
+        assert rows[0]["error"] == "" and "yesterday." in rows[0]["reply"]
+        assert rows[1]["error"].startswith("invalid dialogue")
+        assert rows[2]["error"] == "" and "job!!" in rows[2]["reply"]
+        assert lm_server.requests >= 2 * 4  # every stage went to the LM the serving environment named
+        assert set(lm_server.authorizations) == {"Bearer unused"}
+
+
+@pytest.mark.slow
+def test_the_shipped_artifact_runs_as_a_pyfunc_on_the_embedded_model(tmp_path, monkeypatch):
+    """The real embedded model behind MLflow's loader: one everyday message, a sensible-looking row."""
+    import mlflow
+
+    for var in ("TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV"):
+        monkeypatch.delenv(var, raising=False)
+    path = serving.save_program_model(REPO / "artifacts/trace-dspy/v0003", tmp_path / "model")
+    model = mlflow.pyfunc.load_model(str(path))
+    out = model.predict(pd.DataFrame({"dialogue": ["I failed my driving test again today."]}))
+    row = out.iloc[0]
+    assert row["error"] == "", row["error"]
+    assert row["emotion"] in EMOTIONS and row["strategy"]
+    assert 3 <= len(row["reply"].split()) <= 80
+    assert row["reply"].strip().lower() != "i failed my driving test again today."
