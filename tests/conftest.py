@@ -101,3 +101,38 @@ def local_model():
     from trace_dspy.lm.engine import default_model_path
 
     return default_model_path()
+
+
+# ---------------------------------------------------------------- a fast compile into a sqlite store
+
+# Model-free: no prior, one reply, token-F1 similarity (no MiniLM).
+FAST_CONFIG = '[metric]\nsimilarity_kind = "token_f1"\n[program]\nprior_k = 0\nbest_of = 1\n'
+SECRET = "sk-test-secret-0123456789"
+
+
+def echo_reply(outputs, inputs):
+    """A reply that carries the last three words of the dialogue (or chat message), so rows can be told apart."""
+    if "response" in outputs:
+        words = (inputs.get("dialogue") or inputs.get("message") or "").split()[-3:]
+        return {"response": f"That sounds like a lot; {' '.join(words)} how are you doing?"}
+    return {}
+
+
+def compile_fast(tmp_path: Path, monkeypatch) -> str:
+    """One compile with a fake LM (and a key in the environment) into tmp_path; returns the tracking URI.
+
+    The artifact is tmp_path/artifacts/trace-dspy/v0001."""
+    import trace_dspy.lm.specs as lms_module
+    from trace_dspy.cli.compile import main
+
+    lm, _ = fake_lm(echo_reply)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    (tmp_path / "fast.toml").write_text(FAST_CONFIG)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--threads", "1",
+                 "--config", "fast.toml", "--tracking-uri", uri]) == 0
+    return uri

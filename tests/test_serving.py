@@ -15,47 +15,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import trace_dspy.lm.specs as lms_module
+from conftest import SECRET, compile_fast, echo_reply
 from trace_dspy.core.labels import EMOTIONS
-from trace_dspy.testing.fakes import ScriptedEngine, fake_lm
+from trace_dspy.testing.fakes import ScriptedEngine
 from trace_dspy.testing.server import FakeChatServer
 from trace_dspy.workflows import serving
 from trace_dspy.workflows.serving import OUTPUT_COLUMNS, lm_config_from_env, required_extras
 
 REPO = Path(__file__).resolve().parents[1]
-# Fast and model-free: no prior, one reply, token-F1 similarity (no MiniLM).
-FAST = '[metric]\nsimilarity_kind = "token_f1"\n[program]\nprior_k = 0\nbest_of = 1\n'
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".cloudpickle", ".joblib")
-SECRET = "sk-serving-test-0123456789"
-
-
-def reply_for(outputs, inputs):
-    if "response" in outputs:
-        words = (inputs.get("dialogue") or inputs.get("message") or "").split()[-3:]
-        return {"response": f"That sounds like a lot; {' '.join(words)} how are you doing?"}
-    return {}
-
-
-def _compile(tmp_path: Path, monkeypatch) -> str:
-    """One compile with a fake LM into a sqlite store; returns the tracking URI."""
-    from trace_dspy.cli.compile import main
-
-    lm, _ = fake_lm(reply_for)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
-    (tmp_path / "fast.toml").write_text(FAST)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--threads", "1",
-                 "--config", "fast.toml", "--tracking-uri", uri]) == 0
-    return uri
 
 
 @pytest.fixture
 def compiled(tmp_path, monkeypatch):
-    return _compile(tmp_path, monkeypatch)
+    return compile_fast(tmp_path, monkeypatch)
 
 
 def test_compile_registers_a_pyfunc_model_that_mlflow_loads_and_runs(compiled, tmp_path, monkeypatch):
@@ -168,7 +141,7 @@ def _post(url: str, payload: dict, timeout: float = 60) -> dict:
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_invocations(compiled, tmp_path):
     port = _free_port()
-    with FakeChatServer(latency=0.0, engine=ScriptedEngine(responder=reply_for)) as lm_server:
+    with FakeChatServer(latency=0.0, engine=ScriptedEngine(responder=echo_reply)) as lm_server:
         env = {**os.environ, "MLFLOW_TRACKING_URI": compiled, "TRACE_DSPY_LM": "openai/fake",
                "TRACE_DSPY_API_BASE": lm_server.api_base, "TRACE_DSPY_API_KEY_ENV": "FAKE_SERVING_KEY",
                "FAKE_SERVING_KEY": "unused", "TRACE_DSPY_CACHE": str(tmp_path / "cache")}

@@ -3,6 +3,7 @@
     python -m trace_dspy.respond "I failed my driving test again."
     python -m trace_dspy.respond --show-stages "I failed my driving test again."
     python -m trace_dspy.respond --input dialogues.jsonl --output replies.jsonl
+    python -m trace_dspy.respond --engine spark --input dialogues.jsonl --output replies.jsonl
 
 Batch input: one JSON object per line with ``turns`` (a list of turns, ending
 on the speaker) or ``dialogue`` (a string of Speaker:/Listener: lines, or a
@@ -52,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", type=Path, help="JSONL file of dialogues to answer")
     parser.add_argument("--output", type=Path, help="JSONL file to write replies to (with --input)")
     parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1)")
+    parser.add_argument("--engine", choices=("local", "spark"), default="local",
+                        help="local: this process (default); spark: Apache Spark through the program's MLflow "
+                             "model (with --input; needs the spark extra and Java)")
+    parser.add_argument("--spark-master", default="local[2]",
+                        help="Spark master for --engine spark (default local[2]: two workers on this machine)")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="Spark partitions for --engine spark (default: the session's parallelism)")
     parser.add_argument("--json", action="store_true", help="print the whole prediction as JSON")
     parser.add_argument("--program", default=None,
                         help="default: the newest artifact not worse than the uncompiled program on its dev "
@@ -91,6 +99,12 @@ def _run(args: argparse.Namespace) -> int:
             check_batch_paths(args.input, args.output)
         except BatchError as exc:
             return fail(str(exc))
+    if args.engine == "spark":
+        if not args.input:
+            return fail("--engine spark answers files: give --input and --output")
+        if args.partitions is not None and args.partitions < 1:
+            return fail("--partitions must be at least 1")
+        return _run_spark(args)
     message = None
     if not args.input:
         message = " ".join(args.message)
@@ -161,6 +175,41 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(terminal_safe(pred.response))
     return 0
+
+
+def _run_spark(args: argparse.Namespace) -> int:
+    """--engine spark: the program's MLflow pyfunc model on Spark, with respond's batch file contract."""
+    try:
+        settings = settings_from_args(args)
+        from trace_dspy.store.tracking import resolve_tracking_uri
+        from trace_dspy.workflows.spark import (
+            SparkUnavailable,
+            lm_environment,
+            model_uri_for,
+            respond_spark,
+            temporary_workdir,
+        )
+    except (ConfigError, ValueError) as exc:
+        return fail(str(exc))
+    import mlflow
+
+    mlflow.set_tracking_uri(resolve_tracking_uri(None))
+    env = lm_environment(settings.lm) if settings.lm_explicit else {}
+    if settings.trust_artifact_lm:
+        env["TRACE_DSPY_TRUST_ARTIFACT_LM"] = "1"
+    with temporary_workdir() as workdir:
+        try:
+            uri = model_uri_for(args.program, workdir=Path(workdir))
+            report = respond_spark(args.input, args.output, uri, master=args.spark_master,
+                                   partitions=args.partitions, executor_env=env)
+        except (BatchError, SparkUnavailable, ValueError, FileNotFoundError) as exc:
+            return fail(str(exc))
+        except Exception as exc:  # a Spark job that failed as a whole (rows answered so far are on disk)
+            return fail(f"the Spark job failed: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}; the rows "
+                        f"answered before it are in {args.output}, and a rerun answers the rest", code=1)
+    print(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
+          f"{report.failed} failed (see the 'error' field in {args.output})", file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

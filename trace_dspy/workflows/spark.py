@@ -1,0 +1,195 @@
+"""Distributed batch on Apache Spark: the compiled program's MLflow pyfunc model through ``spark_udf``.
+
+Each Spark Python worker loads the model once (MLflow's ``spark_udf`` caches
+it per process) and keeps its own LM: the embedded engine, or a client of the
+endpoint that the environment names (``TRACE_DSPY_LM``, ``TRACE_DSPY_API_BASE``,
+``TRACE_DSPY_API_KEY_ENV``; see :mod:`trace_dspy.workflows.serving`). A row
+that fails comes back with its ``error`` column set; its partition goes on.
+
+Two ways in:
+
+- :func:`respond_dataframe` adds the output columns to any Spark DataFrame
+  with a ``dialogue`` column, on any cluster;
+- :func:`respond_spark` is ``respond --input/--output`` on Spark: the same
+  JSONL files, resumable, rows written as they come back, input order kept.
+
+pyspark is the optional ``spark`` extra; Spark needs Java 17 or newer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trace_dspy.workflows.batch import BatchError, BatchReport, check_batch_paths, read_batch_input
+from trace_dspy.workflows.serving import ENV_API_BASE, ENV_KEY_ENV, ENV_LM, ENV_TIMEOUT, OUTPUT_COLUMNS
+
+RESULT_DDL = ", ".join(f"{c} string" for c in OUTPUT_COLUMNS)
+MISSING_SPARK = 'the Spark engine needs the "spark" extra (pip install -e ".[spark]") and Java 17 or newer'
+
+
+class SparkUnavailable(RuntimeError):
+    """pyspark or Java is missing."""
+
+
+def lm_environment(lm_config) -> dict[str, str]:
+    """The serving variables that carry a user-chosen default LM to the workers (names, never keys)."""
+    if lm_config is None:
+        return {}
+    spec = lm_config.default
+    env = {ENV_LM: spec.model, ENV_TIMEOUT: repr(float(spec.timeout))}
+    if spec.api_base:
+        env[ENV_API_BASE] = spec.api_base
+    if spec.api_key_env:
+        env[ENV_KEY_ENV] = spec.api_key_env
+    return env
+
+
+def spark_session(master: str = "local[2]", *, executor_env: dict[str, str] | None = None, app: str = "trace-dspy"):
+    """A Spark session for the batch: no web UI, loopback driver in local mode, the LM variables set on executors.
+
+    In local mode the workers inherit this process's environment, so ``executor_env`` is also
+    exported here; on a cluster ``spark.executorEnv.*`` carries it (the key itself must already be in
+    the executors' environment: only its variable's name travels).
+    """
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise SparkUnavailable(MISSING_SPARK + " (no java on PATH and no JAVA_HOME)")
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise SparkUnavailable(MISSING_SPARK) from None
+    env = dict(executor_env or {})
+    builder = (SparkSession.builder.master(master).appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.python.worker.reuse", "true"))
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+        os.environ.update(env)
+    for name, value in env.items():
+        builder = builder.config(f"spark.executorEnv.{name}", value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def respond_dataframe(spark, df, model_uri: str, *, column: str = "dialogue"):
+    """``df`` with the model's output columns (emotion ... reply, stages, error) added, row for row."""
+    import logging
+    import warnings
+
+    import mlflow.pyfunc
+    from pyspark.sql import functions as F
+
+    # env_manager="local" is the point here (the workers share this environment), so MLflow's advice to
+    # rebuild a conda environment does not apply; pyspark's notice about pandas 3 needs no action either.
+    pyfunc_logger = logging.getLogger("mlflow.pyfunc")
+    level = pyfunc_logger.level
+    pyfunc_logger.setLevel(logging.ERROR)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
+            udf = mlflow.pyfunc.spark_udf(spark, model_uri, result_type=RESULT_DDL, env_manager="local")
+    finally:
+        pyfunc_logger.setLevel(level)
+    out = df.withColumn("__trace", udf(F.col(column)))
+    return out.select(*[F.col(c) for c in df.columns], *[F.col(f"__trace.{c}").alias(c) for c in OUTPUT_COLUMNS])
+
+
+def model_uri_for(ref: str | None, *, workdir: Path) -> str:
+    """An MLflow model URI for a program reference: registry and run references as they are, a local
+    artifact (``NAME@vN``, ``NAME@latest``, a folder; the default program when ``ref`` is None) written
+    as a pyfunc model directory under ``workdir``."""
+    from trace_dspy.store.artifacts import ArtifactError, resolve_local
+    from trace_dspy.workflows.loading import default_reference
+    from trace_dspy.workflows.serving import save_program_model
+
+    if ref and ref.startswith("models:/"):
+        return ref
+    if ref and ref.startswith("runs:/"):  # a compile run: its logged model (runs:/ID/artifact holds plain files)
+        body = ref[len("runs:/"):].strip("/")
+        return f"runs:/{body}" if "/" in body else f"runs:/{body}/model"
+    if ref == "champion":
+        return "models:/trace-dspy@champion"
+    ref = ref or default_reference()
+    if ref == "default":
+        raise ArtifactError("the Spark engine runs a compiled artifact or a registered model; there is none yet "
+                            "(run python -m trace_dspy.compile, or name one with --program)")
+    return str(save_program_model(resolve_local(ref), workdir / "model"))
+
+
+def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike, model_uri: str, *,
+                  spark=None, master: str = "local[2]", partitions: int | None = None,
+                  executor_env: dict[str, str] | None = None, on_row=None) -> BatchReport:
+    """``respond --input/--output`` on Spark, with the plain batch's guarantees: answered ids are kept and
+    skipped, failed ones are asked again, each row is written as it comes back, and the file is rewritten
+    in input order at the end."""
+    from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
+    from trace_dspy.core.jsonl import AppendWriter, ForeignFileError, atomic_write_lines, read_records
+    from trace_dspy.workflows.batch import _is_batch_record
+
+    input_path, output_path = Path(input_path), Path(output_path)
+    check_batch_paths(input_path, output_path)
+    items = read_batch_input(input_path)
+    try:
+        previous = read_records(output_path, accept=_is_batch_record, what="respond output")
+    except ForeignFileError as exc:
+        raise BatchError(str(exc)) from None
+    todo = [it for it in items if "response" not in previous.get(it[0], {})]
+    failed = 0
+    own_session = spark is None
+    with AppendWriter(output_path) as out:
+        def write(rec: dict[str, Any]) -> None:
+            nonlocal failed
+            out.write(rec)
+            failed += "error" in rec
+            previous[rec["id"]] = rec
+            if on_row:
+                on_row(rec)
+
+        # Lines that are not dialogues fail here, without a trip to Spark; the rest go as canonical strings.
+        rows = []
+        for n, (item_id, dialogue, line) in enumerate(todo):
+            if not isinstance(dialogue, Exception):
+                try:
+                    rows.append((n, normalize_dialogue(dialogue)))
+                    continue
+                except DialogueError as exc:
+                    dialogue = exc
+            write({"id": item_id, "line": line, "error": f"{input_path}:{line}: {dialogue}"})
+        if rows:
+            if own_session:
+                spark = spark_session(master, executor_env=executor_env)
+            try:
+                slices = partitions or spark.sparkContext.defaultParallelism
+                df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, min(slices, len(rows)))),
+                                           "row long, dialogue string")
+                result = respond_dataframe(spark, df, model_uri)
+                for row in result.toLocalIterator():
+                    item_id, _, line = todo[row["row"]]
+                    if row["error"]:
+                        write({"id": item_id, "line": line, "error": row["error"]})
+                    else:
+                        write({"id": item_id, "line": line, "dialogue": row["dialogue"], "response": row["reply"],
+                               "stages": json.loads(row["stages"])})
+            finally:
+                if own_session:
+                    spark.stop()
+    atomic_write_lines(output_path, (previous[item_id] for item_id, _, _ in items if item_id in previous))
+    total_failed = sum("error" in previous.get(i, {"error": 1}) for i, _, _ in items)
+    return BatchReport(total=len(items), answered=len(todo) - failed, skipped=len(items) - len(todo),
+                       failed=total_failed)
+
+
+def temporary_workdir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="trace-spark-")
+
+
+__all__ = ["RESULT_DDL", "SparkUnavailable", "lm_environment", "model_uri_for", "respond_dataframe", "respond_spark",
+           "spark_session", "temporary_workdir"]
