@@ -114,7 +114,12 @@ def test_the_serving_environment_chooses_the_lm_and_never_stores_a_key():
     with pytest.raises(serving.ServingConfigError, match="TRACE_DSPY_TIMEOUT"):
         lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_TIMEOUT": "soon"})
     with pytest.raises(serving.ServingConfigError, match="NAME of an environment variable"):
-        lm_config_from_env({"TRACE_DSPY_API_KEY_ENV": "sk-secret-value"})
+        lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_API_KEY_ENV": "sk-secret-value"})
+    with pytest.raises(serving.ServingConfigError, match="TRACE_DSPY_LM is not set"):
+        lm_config_from_env({"TRACE_DSPY_API_BASE": "http://127.0.0.1:9/v1"})
+    assert lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_LM_CACHE": "0"}).default.cache is False
+    with pytest.raises(serving.ServingConfigError, match="must be 0 or 1"):
+        lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_LM_CACHE": "sometimes"})
 
 
 def test_inputs_in_every_accepted_shape():
@@ -184,7 +189,8 @@ def test_the_shipped_artifact_runs_as_a_pyfunc_on_the_embedded_model(tmp_path, m
     """The real embedded model behind MLflow's loader: one everyday message, a sensible-looking row."""
     import mlflow
 
-    for var in ("TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV"):
+    for var in ("TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV", "TRACE_DSPY_TIMEOUT",
+                "TRACE_DSPY_LM_CACHE"):
         monkeypatch.delenv(var, raising=False)
     path = serving.save_program_model(REPO / "artifacts/trace-dspy/v0003", tmp_path / "model")
     model = mlflow.pyfunc.load_model(str(path))

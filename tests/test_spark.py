@@ -4,6 +4,7 @@ latency-bound fake OpenAI-compatible server with injected faults."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -43,6 +44,9 @@ def test_a_spark_batch_keeps_every_row_in_order_with_error_rows(tmp_path, monkey
     from trace_dspy.cli.respond import main
 
     compile_fast(tmp_path, monkeypatch)
+    for var in ("TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV", "TRACE_DSPY_TIMEOUT",
+                "TRACE_DSPY_LM_CACHE", "SPARK_LOCAL_IP"):
+        monkeypatch.delenv(var, raising=False)
     _input(tmp_path / "in.jsonl")
     monkeypatch.setenv("FAKE_SPARK_KEY", "unused")
     with FakeChatServer(latency=0.02, engine=ScriptedEngine(responder=echo_reply), fail_marker="FAULT") as server:
@@ -64,6 +68,8 @@ def test_a_spark_batch_keeps_every_row_in_order_with_error_rows(tmp_path, monkey
                 assert row["stages"]["emotion"] and row["dialogue"].startswith("Speaker: ")
         assert server.refused >= len(FAULTY) and set(server.authorizations) == {"Bearer unused"}
         calls_before = server.requests + server.refused
+        # The LM settings reached the workers through Spark's executor environment, not this process's.
+        assert not {"TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_TIMEOUT", "SPARK_LOCAL_IP"} & set(os.environ)
 
         # A rerun keeps the answered rows and asks only the failed ones again.
         assert main(argv) == 1

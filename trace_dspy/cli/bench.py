@@ -63,7 +63,7 @@ from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.store.tracking import logged_or_warned
 from trace_dspy.workflows.settings import Settings
 
-SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion")
+SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion", "scale")
 
 
 def _int_list(text: str) -> list[int]:
@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                             ("embedded", "the embedded model against raw llama.cpp (bench_local)"),
                             ("compile", "wall time and LM calls of the default compile, cold then warm cache"),
                             ("scorer", "milliseconds per example of the empathy metric, embeddings cold then cached"),
-                            ("emotion", "emotion accuracy: majority, the fitted prior, the stage with and without it")):
+                            ("emotion", "emotion accuracy: majority, the fitted prior, the stage with and without it"),
+                            ("scale", "the plain batch against Spark local mode, same items, latency-bound fake LM")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "embedded":
             continue  # its flags belong to trace_dspy.bench.local
@@ -146,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "shipped: the prior packaged with trace-dspy, as seed-set programs use")
         elif name == "scorer":
             p.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
+        elif name == "scale":
+            p.add_argument("--items", type=int, default=200, help="test dialogues, seeded (default 200)")
+            p.add_argument("--latency", type=float, default=0.2, help="fake server latency per call, seconds")
+            p.add_argument("--threads", type=_int_list, default=[1, 2], help="plain batch thread counts")
+            p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+            p.add_argument("--partitions", type=int, default=None, help="Spark partitions (default: parallelism)")
         elif name == "compile":
             p.add_argument("--optimizer", default=None, help="default: the compile command's default")
             p.add_argument("--train", type=int, default=16)
@@ -235,6 +242,18 @@ def main(argv: list[str] | None = None) -> int:
                 result = measure_emotion(source, lm, limit=args.limit, ks=args.k, seed=args.seed,
                                          on_item=lambda *_: bar.update(1), prior_kind=args.prior)
             return _finish(args, argv, "emotion", result, emotion_markdown(result))
+        if args.command == "scale":
+            if args.items < 1 or args.latency < 0:
+                return fail("--items must be at least 1 and --latency >= 0")
+            from trace_dspy.bench.scale import measure_scale, project, scale_markdown
+            from trace_dspy.data.sources import load_test, resolve_source
+
+            source = resolve_source(settings.data_source(args.data), seed=args.seed)
+            dialogues = [e.dialogue for e in load_test(source, limit=args.items, seed=args.seed)]
+            result = measure_scale(dialogues, latency=args.latency, threads=args.threads, master=args.master,
+                                   partitions=args.partitions)
+            result["projection"] = project(result)
+            return _finish(args, argv, "scale", result, scale_markdown(result))
         if args.command == "scorer":
             if args.limit < 1:
                 return fail("--limit must be at least 1")

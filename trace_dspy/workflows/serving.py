@@ -15,7 +15,8 @@ the emotion prior, the exemplar index) travels as the model artifact
 The LM comes from the serving environment, never from the model:
 ``TRACE_DSPY_LM`` (a model name, ``local`` for the embedded model),
 ``TRACE_DSPY_API_BASE``, ``TRACE_DSPY_API_KEY_ENV`` (the name of the
-variable that holds the key) and ``TRACE_DSPY_TIMEOUT``. With none of them
+variable that holds the key), ``TRACE_DSPY_TIMEOUT`` and ``TRACE_DSPY_LM_CACHE``
+(``0`` turns DSPy's answer cache off). With none of them
 set, the model runs the LM its artifact records, which must be the embedded
 model unless ``TRACE_DSPY_TRUST_ARTIFACT_LM=1`` (the same rule as
 ``--trust-artifact-lm``).
@@ -28,6 +29,7 @@ import json
 import os
 import threading
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ INPUT_COLUMN = "dialogue"
 OUTPUT_COLUMNS = ("emotion", "emotion_group", "cause_summary", "strategy", "reply", "stages", "error")
 ENV_LM, ENV_API_BASE, ENV_KEY_ENV = "TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV"
 ENV_TIMEOUT, ENV_TRUST = "TRACE_DSPY_TIMEOUT", "TRACE_DSPY_TRUST_ARTIFACT_LM"
+ENV_CACHE = "TRACE_DSPY_LM_CACHE"
 
 
 class ServingConfigError(ValueError):
@@ -56,16 +59,24 @@ def lm_config_from_env(environ: dict[str, str] | None = None):
 
     env = os.environ if environ is None else environ
     model, api_base, key_env = env.get(ENV_LM), env.get(ENV_API_BASE), env.get(ENV_KEY_ENV)
-    timeout = env.get(ENV_TIMEOUT)
-    if not (model or api_base or key_env or timeout):
+    timeout, cache = env.get(ENV_TIMEOUT), env.get(ENV_CACHE)
+    if not (model or api_base or key_env or timeout or cache):
         return None
+    if not model:
+        raise ServingConfigError(f"{ENV_LM} is not set: the other LM variables ({ENV_API_BASE}, {ENV_KEY_ENV}, "
+                                 f"{ENV_TIMEOUT}, {ENV_CACHE}) describe the model it names")
     try:
         config = LMConfig().with_overrides(lm=model, api_base=api_base, api_key_env=key_env)
         if timeout:
             config = config.with_timeout(float(timeout))
+        if cache:
+            if cache.strip().lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ValueError(f"{ENV_CACHE} must be 0 or 1, not {cache!r}")
+            config = replace(config, default=replace(config.default,
+                                                     cache=cache.strip().lower() in ("1", "true", "yes")))
     except ValueError as exc:  # a ConfigError, or a timeout that is not a number
         raise ServingConfigError(f"the serving environment's LM settings ({ENV_LM}, {ENV_API_BASE}, "
-                                 f"{ENV_KEY_ENV}, {ENV_TIMEOUT}): {exc}") from None
+                                 f"{ENV_KEY_ENV}, {ENV_TIMEOUT}, {ENV_CACHE}): {exc}") from None
     return config
 
 

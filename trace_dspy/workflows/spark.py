@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from trace_dspy.workflows.batch import BatchError, BatchReport, check_batch_paths, read_batch_input
-from trace_dspy.workflows.serving import ENV_API_BASE, ENV_KEY_ENV, ENV_LM, ENV_TIMEOUT, OUTPUT_COLUMNS
+from trace_dspy.workflows.serving import ENV_API_BASE, ENV_CACHE, ENV_KEY_ENV, ENV_LM, ENV_TIMEOUT, OUTPUT_COLUMNS
 
 RESULT_DDL = ", ".join(f"{c} string" for c in OUTPUT_COLUMNS)
 MISSING_SPARK = 'the Spark engine needs the "spark" extra (pip install -e ".[spark]") and Java 17 or newer'
 
 
-class SparkUnavailable(RuntimeError):
+class SparkUnavailable(ImportError):
     """pyspark or Java is missing."""
 
 
@@ -41,7 +41,7 @@ def lm_environment(lm_config) -> dict[str, str]:
     if lm_config is None:
         return {}
     spec = lm_config.default
-    env = {ENV_LM: spec.model, ENV_TIMEOUT: repr(float(spec.timeout))}
+    env = {ENV_LM: spec.model, ENV_TIMEOUT: repr(float(spec.timeout)), ENV_CACHE: "1" if spec.cache else "0"}
     if spec.api_base:
         env[ENV_API_BASE] = spec.api_base
     if spec.api_key_env:
@@ -52,9 +52,9 @@ def lm_environment(lm_config) -> dict[str, str]:
 def spark_session(master: str = "local[2]", *, executor_env: dict[str, str] | None = None, app: str = "trace-dspy"):
     """A Spark session for the batch: no web UI, loopback driver in local mode, the LM variables set on executors.
 
-    In local mode the workers inherit this process's environment, so ``executor_env`` is also
-    exported here; on a cluster ``spark.executorEnv.*`` carries it (the key itself must already be in
-    the executors' environment: only its variable's name travels).
+    ``spark.executorEnv.*`` carries ``executor_env`` to the Python workers, in local mode and on a
+    cluster alike (the key itself must already be in the executors' environment: only its variable's
+    name travels). This process's own environment is left as it was.
     """
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise SparkUnavailable(MISSING_SPARK + " (no java on PATH and no JAVA_HOME)")
@@ -68,23 +68,35 @@ def spark_session(master: str = "local[2]", *, executor_env: dict[str, str] | No
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.python.worker.reuse", "true"))
-    if master.startswith("local"):
+    local = master.startswith("local")
+    if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-        os.environ.update(env)
     for name, value in env.items():
         builder = builder.config(f"spark.executorEnv.{name}", value)
-    spark = builder.getOrCreate()
+    import warnings
+
+    # The JVM reads SPARK_LOCAL_IP when it starts (else it warns that it picked an interface); set it for
+    # that moment only.
+    saved = os.environ.get("SPARK_LOCAL_IP")
+    if local and saved is None:
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
+            spark = builder.getOrCreate()
+    finally:
+        if local and saved is None:
+            os.environ.pop("SPARK_LOCAL_IP", None)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def respond_dataframe(spark, df, model_uri: str, *, column: str = "dialogue"):
-    """``df`` with the model's output columns (emotion ... reply, stages, error) added, row for row."""
+def trace_udf(spark, model_uri: str):
+    """The model as a Spark UDF from a ``dialogue`` column to a struct of the output columns."""
     import logging
     import warnings
 
     import mlflow.pyfunc
-    from pyspark.sql import functions as F
 
     # env_manager="local" is the point here (the workers share this environment), so MLflow's advice to
     # rebuild a conda environment does not apply; pyspark's notice about pandas 3 needs no action either.
@@ -95,9 +107,21 @@ def respond_dataframe(spark, df, model_uri: str, *, column: str = "dialogue"):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not yet fully support pandas.*")
-            udf = mlflow.pyfunc.spark_udf(spark, model_uri, result_type=RESULT_DDL, env_manager="local")
+            return mlflow.pyfunc.spark_udf(spark, model_uri, result_type=RESULT_DDL, env_manager="local")
     finally:
         pyfunc_logger.setLevel(level)
+
+
+def respond_dataframe(spark, df, model_uri: str | None = None, *, column: str = "dialogue", udf=None):
+    """``df`` with the model's output columns (emotion ... reply, stages, error) added, row for row.
+
+    Give ``model_uri``, or a ``udf`` from :func:`trace_udf` to reuse one across DataFrames."""
+    from pyspark.sql import functions as F
+
+    if udf is None:
+        if model_uri is None:
+            raise ValueError("respond_dataframe needs a model_uri or a udf")
+        udf = trace_udf(spark, model_uri)
     out = df.withColumn("__trace", udf(F.col(column)))
     return out.select(*[F.col(c) for c in df.columns], *[F.col(f"__trace.{c}").alias(c) for c in OUTPUT_COLUMNS])
 
@@ -126,10 +150,13 @@ def model_uri_for(ref: str | None, *, workdir: Path) -> str:
 
 def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike, model_uri: str, *,
                   spark=None, master: str = "local[2]", partitions: int | None = None,
-                  executor_env: dict[str, str] | None = None, on_row=None) -> BatchReport:
+                  executor_env: dict[str, str] | None = None, on_row=None, chunk: int | None = None) -> BatchReport:
     """``respond --input/--output`` on Spark, with the plain batch's guarantees: answered ids are kept and
-    skipped, failed ones are asked again, each row is written as it comes back, and the file is rewritten
-    in input order at the end."""
+    skipped, failed ones are asked again, and the file is rewritten in input order at the end.
+
+    The dialogues go to Spark in chunks (default: 16 per partition, at least 64), each one job spread over
+    ``partitions`` tasks; a chunk's rows are on disk before the next chunk starts, so an interrupted run
+    loses at most the chunk in flight."""
     from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
     from trace_dspy.core.jsonl import AppendWriter, ForeignFileError, atomic_write_lines, read_records
     from trace_dspy.workflows.batch import _is_batch_record
@@ -168,16 +195,19 @@ def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike,
                 spark = spark_session(master, executor_env=executor_env)
             try:
                 slices = partitions or spark.sparkContext.defaultParallelism
-                df = spark.createDataFrame(spark.sparkContext.parallelize(rows, max(1, min(slices, len(rows)))),
-                                           "row long, dialogue string")
-                result = respond_dataframe(spark, df, model_uri)
-                for row in result.toLocalIterator():
-                    item_id, _, line = todo[row["row"]]
-                    if row["error"]:
-                        write({"id": item_id, "line": line, "error": row["error"]})
-                    else:
-                        write({"id": item_id, "line": line, "dialogue": row["dialogue"], "response": row["reply"],
-                               "stages": json.loads(row["stages"])})
+                size = chunk or max(64, 16 * slices)
+                udf = trace_udf(spark, model_uri)
+                for start in range(0, len(rows), size):
+                    part = rows[start:start + size]
+                    df = spark.createDataFrame(spark.sparkContext.parallelize(part, max(1, min(slices, len(part)))),
+                                               "row long, dialogue string")
+                    for row in sorted(respond_dataframe(spark, df, udf=udf).collect(), key=lambda r: r["row"]):
+                        item_id, _, line = todo[row["row"]]
+                        if row["error"]:
+                            write({"id": item_id, "line": line, "error": row["error"]})
+                        else:
+                            write({"id": item_id, "line": line, "dialogue": row["dialogue"],
+                                   "response": row["reply"], "stages": json.loads(row["stages"])})
             finally:
                 if own_session:
                     spark.stop()
@@ -192,4 +222,4 @@ def temporary_workdir() -> tempfile.TemporaryDirectory:
 
 
 __all__ = ["RESULT_DDL", "SparkUnavailable", "lm_environment", "model_uri_for", "respond_dataframe", "respond_spark",
-           "spark_session", "temporary_workdir"]
+           "spark_session", "temporary_workdir", "trace_udf"]
