@@ -122,6 +122,30 @@ def test_the_serving_environment_chooses_the_lm_and_never_stores_a_key():
         lm_config_from_env({"TRACE_DSPY_LM": "openai/m", "TRACE_DSPY_LM_CACHE": "sometimes"})
 
 
+def test_a_remote_lm_answers_rows_in_threads_and_keeps_each_in_its_place(compiled, monkeypatch):
+    import mlflow
+
+    mlflow.set_tracking_uri(compiled)
+    monkeypatch.setenv("TRACE_DSPY_LM", "openai/fake")  # build_lm is the fake LM in these tests
+    monkeypatch.setenv("TRACE_DSPY_THREADS", "4")
+    model = mlflow.pyfunc.load_model("models:/trace-dspy@champion")
+    assert model.unwrap_python_model().threads == 4
+    messages = [f"I repainted the kitchen, room number {i}." if i != 5 else "" for i in range(12)]
+    out = model.predict(pd.DataFrame({"dialogue": messages}))
+    assert len(out) == 12
+    for i, row in out.iterrows():
+        if i == 5:
+            assert row["error"].startswith("invalid dialogue") and row["reply"] == ""
+        else:
+            assert row["error"] == "" and f"number {i}." in row["reply"], row  # its own row's answer
+    # The embedded engine decodes one call at a time: there the setting is ignored.
+    monkeypatch.setenv("TRACE_DSPY_LM", "local")
+    assert mlflow.pyfunc.load_model("models:/trace-dspy@champion").unwrap_python_model().threads == 1
+    monkeypatch.setenv("TRACE_DSPY_THREADS", "many")
+    with pytest.raises(serving.ServingConfigError, match="TRACE_DSPY_THREADS must be a whole number"):
+        mlflow.pyfunc.load_model("models:/trace-dspy@champion")
+
+
 def test_inputs_in_every_accepted_shape():
     assert serving.dialogues_from(pd.DataFrame({"dialogue": ["a", "b"]})) == ["a", "b"]
     assert serving.dialogues_from(["a", {"dialogue": "b"}]) == ["a", "b"]

@@ -33,7 +33,10 @@ def _artifact(root: Path) -> Path:
 
 
 def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Sequence[int] = (1, 2),
-                  master: str = "local[2]", partitions: int | None = None) -> dict[str, Any]:
+                  master: str = "local[2]", partitions: int | None = None,
+                  task_threads: Sequence[int] = (1,)) -> dict[str, Any]:
+    """Each plain batch thread count, then one Spark session running the batch once per ``task_threads``
+    value (rows one Spark task answers at once, ``TRACE_DSPY_THREADS``)."""
     from trace_dspy.lm.specs import LMConfig, LMSpec
     from trace_dspy.store.artifacts import load_folder
     from trace_dspy.testing.server import FakeChatServer
@@ -61,27 +64,33 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
                                    "lm_calls": server.requests - before, "dialogues_per_s": len(dialogues) / wall})
         start = time.perf_counter()
         model_dir = save_program_model(folder, tmp / "model")
-        started_model = time.perf_counter()
-        spark = spark_session(master, executor_env=lm_environment(lm_config))
-        session_s = time.perf_counter() - started_model
-        try:
-            before = server.requests
-            start_job = time.perf_counter()
-            first: list[float] = []
-            report = respond_spark(source, tmp / "spark.jsonl", str(model_dir), spark=spark, partitions=partitions,
-                                   on_row=lambda rec: first or first.append(time.perf_counter()))
-            done = time.perf_counter()
-        finally:
-            spark.stop()
-        result["runs"].append({
-            "engine": f"Spark {master}", "wall_s": done - start, "startup_s": started_model - start + session_s,
-            "model_save_s": started_model - start, "session_start_s": session_s,
-            "first_row_s": (first[0] - start_job) if first else None, "job_s": done - start_job,
-            "answered": report.answered, "failed": report.failed, "lm_calls": server.requests - before,
-            "dialogues_per_s": len(dialogues) / (done - start),
-            "dialogues_per_s_after_startup": len(dialogues) / (done - start_job)})
+        model_save_s = time.perf_counter() - start
+        env = lm_environment(lm_config)
+        for n in task_threads:
+            # The thread count travels in the executor environment, which is fixed when a session
+            # starts: one session per value, each timed from its start.
+            started = time.perf_counter()
+            spark = spark_session(master, executor_env={**env, "TRACE_DSPY_THREADS": str(n)})
+            session_s = time.perf_counter() - started
+            slots = partitions or spark.sparkContext.defaultParallelism
+            try:
+                before = server.requests
+                start_job = time.perf_counter()
+                report = respond_spark(source, tmp / f"spark-{n}.jsonl", str(model_dir), spark=spark,
+                                       partitions=partitions)
+                done = time.perf_counter()
+            finally:
+                spark.stop()
+            result["runs"].append({
+                "engine": f"Spark {master}, {n} thread{'s' if n > 1 else ''} per task",
+                "wall_s": done - started + model_save_s, "startup_s": session_s + model_save_s,
+                "model_save_s": model_save_s, "session_start_s": session_s, "job_s": done - start_job,
+                "answered": report.answered, "failed": report.failed, "lm_calls": server.requests - before,
+                "slots": slots, "task_threads": n,
+                "dialogues_per_s": len(dialogues) / (done - started + model_save_s),
+                "dialogues_per_s_after_startup": len(dialogues) / (done - start_job)})
         plain = json.loads((tmp / f"plain-{threads[0]}.jsonl").read_text().splitlines()[0])
-        spark_first = json.loads((tmp / "spark.jsonl").read_text().splitlines()[0])
+        spark_first = json.loads((tmp / f"spark-{task_threads[0]}.jsonl").read_text().splitlines()[0])
         result["same_first_reply"] = plain.get("response") == spark_first.get("response")
     calls = [r["lm_calls"] / max(1, r["answered"]) for r in result["runs"]]
     result["lm_calls_per_dialogue"] = sum(calls) / len(calls)
@@ -89,23 +98,32 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
 
 
 def project(result: dict[str, Any], *, hosted_latency_s: float = 1.0, executors: Sequence[int] = (1, 4, 16, 64),
-            slots_per_executor: int = 4, rate_limits_rpm: Sequence[int] = (500, 10_000)) -> list[dict[str, Any]]:
+            slots_per_executor: int = 2, rate_limits_rpm: Sequence[int] = (500, 10_000)) -> list[dict[str, Any]]:
     """Throughput on paper for N executors against a hosted LM with a requests-per-minute limit.
 
-    Inputs: the measured LM calls per dialogue, and an assumed hosted latency per call (an input,
-    recorded with the rows, not a measurement). Each task slot runs one dialogue at a time, so it
-    finishes one every ``calls x latency`` seconds; the provider's limit caps the whole cluster at
-    ``rpm / 60 / calls`` dialogues per second.
+    Inputs: the measured LM calls per dialogue; the measured efficiency of the fastest Spark run (its
+    rate after startup over the rate its concurrency would reach if only the LM's wait counted: slots x
+    threads / (calls x latency)); and an assumed hosted latency per call (an input, recorded with the
+    rows, not a measurement). An executor with ``slots_per_executor`` cores runs slots x threads
+    dialogues at once; the provider's limit caps the whole cluster at ``rpm / 60 / calls`` dialogues
+    per second, however many executors there are.
     """
-    calls, latency = result["lm_calls_per_dialogue"], hosted_latency_s
-    per_slot = 1.0 / (calls * latency)
+    calls = result["lm_calls_per_dialogue"]
+    spark_runs = [r for r in result["runs"] if r.get("slots")]
+    if not spark_runs:
+        return []
+    best = max(spark_runs, key=lambda r: r["dialogues_per_s_after_startup"])
+    ideal = best["slots"] * best["task_threads"] / (calls * result["latency_s"])
+    efficiency = min(1.0, best["dialogues_per_s_after_startup"] / ideal)
+    per_executor = slots_per_executor * best["task_threads"] * efficiency / (calls * hosted_latency_s)
     rows = []
     for n in executors:
         for rpm in rate_limits_rpm:
-            compute = n * slots_per_executor * per_slot
+            compute = n * per_executor
             cap = rpm / 60.0 / calls
-            rows.append({"executors": n, "slots": n * slots_per_executor, "rate_limit_rpm": rpm,
-                         "assumed_latency_s": latency, "lm_calls_per_dialogue": calls,
+            rows.append({"executors": n, "slots_per_executor": slots_per_executor,
+                         "task_threads": best["task_threads"], "efficiency": efficiency, "rate_limit_rpm": rpm,
+                         "assumed_latency_s": hosted_latency_s, "lm_calls_per_dialogue": calls,
                          "unlimited_dialogues_per_s": compute, "dialogues_per_s": min(compute, cap),
                          "bound": "LM rate limit" if cap < compute else "executors"})
     return rows
@@ -124,8 +142,10 @@ def scale_markdown(result: dict[str, Any]) -> str:
              f"{result['same_first_reply']}.", ""]
     projection = result.get("projection") or []
     if projection:
-        lines += [f"On paper: 4 task slots per executor, {projection[0]['assumed_latency_s']:g} s per hosted LM call "
-                  f"(assumed), {projection[0]['lm_calls_per_dialogue']:.1f} calls per dialogue (measured):", ""]
+        p = projection[0]
+        lines += [f"On paper: {p['slots_per_executor']} task slots per executor, {p['task_threads']} threads per "
+                  f"task, {p['assumed_latency_s']:g} s per hosted LM call (assumed), {p['lm_calls_per_dialogue']:.1f} "
+                  f"calls per dialogue and {p['efficiency']:.0%} efficiency (measured, fastest Spark run):", ""]
     paper = [[str(p["executors"]), str(p["rate_limit_rpm"]), f"{p['unlimited_dialogues_per_s']:.1f}",
               f"{p['dialogues_per_s']:.1f}", p["bound"]] for p in projection]
     if paper:

@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--threads", type=_int_list, default=[1, 2], help="plain batch thread counts")
             p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
             p.add_argument("--partitions", type=int, default=None, help="Spark partitions (default: parallelism)")
+            p.add_argument("--task-threads", type=_int_list, default=[1],
+                           help="rows each Spark task answers at once, one Spark run per value (default 1)")
         elif name == "compile":
             p.add_argument("--optimizer", default=None, help="default: the compile command's default")
             p.add_argument("--train", type=int, default=16)
@@ -243,15 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                                          on_item=lambda *_: bar.update(1), prior_kind=args.prior)
             return _finish(args, argv, "emotion", result, emotion_markdown(result))
         if args.command == "scale":
-            if args.items < 1 or args.latency < 0:
-                return fail("--items must be at least 1 and --latency >= 0")
+            if args.items < 1 or args.latency < 0 or min(args.threads + args.task_threads) < 1:
+                return fail("--items, --threads and --task-threads must be at least 1, and --latency >= 0")
             from trace_dspy.bench.scale import measure_scale, project, scale_markdown
             from trace_dspy.data.sources import load_test, resolve_source
 
             source = resolve_source(settings.data_source(args.data), seed=args.seed)
             dialogues = [e.dialogue for e in load_test(source, limit=args.items, seed=args.seed)]
             result = measure_scale(dialogues, latency=args.latency, threads=args.threads, master=args.master,
-                                   partitions=args.partitions)
+                                   partitions=args.partitions, task_threads=args.task_threads)
             result["projection"] = project(result)
             return _finish(args, argv, "scale", result, scale_markdown(result))
         if args.command == "scorer":

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--show-stages", action="store_true", help="print every stage's output")
     parser.add_argument("--input", type=Path, help="JSONL file of dialogues to answer")
     parser.add_argument("--output", type=Path, help="JSONL file to write replies to (with --input)")
-    parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1)")
+    parser.add_argument("--threads", type=int, default=1, help="parallel calls for --input (default 1); with --engine spark, per "
+                        "Spark task (a remote LM only)")
     parser.add_argument("--engine", choices=("local", "spark"), default="local",
                         help="local: this process (default); spark: Apache Spark through the program's MLflow "
                              "model (with --input; needs the spark extra and Java)")
@@ -197,6 +198,8 @@ def _run_spark(args: argparse.Namespace) -> int:
     env = lm_environment(settings.lm) if settings.lm_explicit else {}
     if settings.trust_artifact_lm:
         env["TRACE_DSPY_TRUST_ARTIFACT_LM"] = "1"
+    if args.threads > 1:
+        env["TRACE_DSPY_THREADS"] = str(args.threads)  # per Spark task, remote LMs only
     with temporary_workdir() as workdir:
         try:
             uri = model_uri_for(args.program, workdir=Path(workdir))

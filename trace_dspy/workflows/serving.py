@@ -16,7 +16,9 @@ The LM comes from the serving environment, never from the model:
 ``TRACE_DSPY_LM`` (a model name, ``local`` for the embedded model),
 ``TRACE_DSPY_API_BASE``, ``TRACE_DSPY_API_KEY_ENV`` (the name of the
 variable that holds the key), ``TRACE_DSPY_TIMEOUT`` and ``TRACE_DSPY_LM_CACHE``
-(``0`` turns DSPy's answer cache off). With none of them
+(``0`` turns DSPy's answer cache off). ``TRACE_DSPY_THREADS`` sets how many rows one
+loaded model answers at once (default 1; a remote LM only, since the embedded engine decodes one call
+at a time). With none of the LM variables
 set, the model runs the LM its artifact records, which must be the embedded
 model unless ``TRACE_DSPY_TRUST_ARTIFACT_LM=1`` (the same rule as
 ``--trust-artifact-lm``).
@@ -46,7 +48,7 @@ INPUT_COLUMN = "dialogue"
 OUTPUT_COLUMNS = ("emotion", "emotion_group", "cause_summary", "strategy", "reply", "stages", "error")
 ENV_LM, ENV_API_BASE, ENV_KEY_ENV = "TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV"
 ENV_TIMEOUT, ENV_TRUST = "TRACE_DSPY_TIMEOUT", "TRACE_DSPY_TRUST_ARTIFACT_LM"
-ENV_CACHE = "TRACE_DSPY_LM_CACHE"
+ENV_CACHE, ENV_THREADS = "TRACE_DSPY_LM_CACHE", "TRACE_DSPY_THREADS"
 
 
 class ServingConfigError(ValueError):
@@ -105,6 +107,21 @@ def dialogues_from(model_input: Any) -> list[Any]:
     raise ValueError(f"cannot read dialogues from a {type(model_input).__name__}")
 
 
+def threads_from_env(environ: dict[str, str] | None = None) -> int:
+    """``TRACE_DSPY_THREADS``: rows one loaded model answers at once (default 1)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_THREADS, "").strip()
+    if not raw:
+        return 1
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ServingConfigError(f"{ENV_THREADS} must be a whole number of at least 1, not {raw!r}")
+    return threads
+
+
 def answer_row(program, dialogue: Any) -> dict[str, Any]:
     """One output row; an exception becomes the row's ``error`` (redacted) instead of failing the batch."""
     from trace_dspy.core.dialogue import DialogueError
@@ -131,14 +148,19 @@ class TraceModel(mlflow.pyfunc.PythonModel):
 
     def __init__(self):
         self.loaded = None
+        self.threads = 1
         self._lock = threading.Lock()
 
     def load_context(self, context) -> None:
         from trace_dspy.store.artifacts import load_folder
 
         folder = Path(context.artifacts[ARTIFACT_KEY])
+        threads = threads_from_env()
         self.loaded = load_folder(folder, lm_config=lm_config_from_env(), trust_lm=_trusted(),
                                   ref=f"mlflow model ({folder.name})")
+        # The embedded engine decodes one call at a time, so threads would only queue behind its lock.
+        embedded = any(spec.is_local for _, spec in self.loaded.lms.config.specs())
+        self.threads = 1 if embedded else threads
 
     # The pandas hint tells MLflow to leave the input as it comes (the signature already checks it).
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
@@ -147,11 +169,20 @@ class TraceModel(mlflow.pyfunc.PythonModel):
         dialogues = dialogues_from(model_input)
         from trace_dspy.lm.specs import use_lm
 
-        rows = []
-        # The embedded engine decodes one call at a time; a lock keeps a threaded server's requests in order.
-        with self._lock, use_lm(self.loaded.lms.default):
-            for dialogue in dialogues:
-                rows.append(answer_row(self.loaded.program, dialogue))
+        program = self.loaded.program
+        if self.threads > 1 and len(dialogues) > 1:
+            # A remote LM: overlap the rows' waits; each row's answer stays in its own place.
+            from concurrent.futures import ThreadPoolExecutor
+
+            from trace_dspy.core.console import with_dspy_context
+
+            with use_lm(self.loaded.lms.default), \
+                    ThreadPoolExecutor(max_workers=min(self.threads, len(dialogues))) as pool:
+                rows = list(pool.map(with_dspy_context(lambda d: answer_row(program, d)), dialogues))
+        else:
+            # One row at a time; the lock keeps a threaded server's requests from interleaving.
+            with self._lock, use_lm(self.loaded.lms.default):
+                rows = [answer_row(program, d) for d in dialogues]
         return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
 
 
