@@ -56,8 +56,12 @@ from trace_dspy.workflows.evaluation import (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.evaluate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--program", default="default",
-                        help="'default' (uncompiled), an artifact folder, a program.json, or an artifact reference")
+    parser.add_argument("--program", action="append", default=None,
+                        help="'default' (uncompiled, the default), an artifact folder, a program.json, or an artifact "
+                             "reference; give it twice or more to compare programs on the same items (paired "
+                             "bootstrap CIs against the first, one MLflow evaluation run each)")
+    parser.add_argument("--no-trace", action="store_true",
+                        help="do not record one MLflow trace per dialogue (on by default; off with --no-mlflow)")
     parser.add_argument("--split", choices=("test", "dev"), default="test")
     parser.add_argument("--view", choices=("trace", "cem"), default="trace", help="test view (default trace)")
     parser.add_argument("--limit", type=int, default=100, help="number of examples, seeded sample (default 100)")
@@ -92,38 +96,77 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    programs = args.program or ["default"]
     if args.limit is not None and args.limit < 1:
         return fail("--limit must be at least 1")
+    if len(set(programs)) != len(programs):
+        return fail("give each --program once")
     try:
         settings = settings_from_args(args)
         source = resolve_source(settings.data_source(args.data), seed=args.seed)  # loud notice for the seed set
         examples = load_examples(args, source)
         from trace_dspy.workflows.loading import load_for_run
 
-        loaded = load_for_run(args.program, settings, data=source, seed=args.seed)
-        metric = build_metric(settings, loaded.lms)
-        metric.add_copy_sources(demo_replies(loaded.program))
+        # Every program loads before any is evaluated, so a bad reference fails in seconds.
+        loaded = {ref: load_for_run(ref, settings, data=source, seed=args.seed) for ref in programs}
+        metrics = {}
+        for ref, item in loaded.items():
+            metrics[ref] = build_metric(settings, item.lms)
+            metrics[ref].add_copy_sources(demo_replies(item.program))
     except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
 
     if args.ablation:
-        return run_ablation(args, argv, settings, source, examples, metric)
+        if programs != ["default"]:
+            return fail("--ablation varies the configured program; use it with --program default")
+        return run_ablation(args, argv, settings, source, examples, metrics["default"])
 
-    parts = {"program": args.program, "split": args.split, "view": args.view if args.split == "test" else "longest",
-             "limit": len(examples), "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict(),
-             "metric": metric.config.to_dict()}
-    out_dir = args.output_dir or Path("runs/evaluate") / run_key(parts)
+    trace = not (args.no_mlflow or args.no_trace)
+    if trace:
+        try:
+            from trace_dspy.store.tracking import prepare_tracing
+
+            prepare_tracing(args.tracking_uri, args.experiment)
+        except Exception as exc:  # noqa: BLE001 - the store is unusable: evaluate anyway, untraced
+            print(f"warning: tracing is off ({type(exc).__name__}: {exc})", file=sys.stderr)
+            trace = False
+    base = {"split": args.split, "view": args.view if args.split == "test" else "longest", "limit": len(examples),
+            "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict()}
+    compare_dir = None
+    if len(programs) > 1:
+        compare_dir = args.output_dir or Path("runs/compare") / run_key({"program": "compare", **base,
+                                                                          "programs": programs})
+    results = {}
+    for ref in programs:
+        parts = {"program": ref, **base, "metric": metrics[ref].config.to_dict()}
+        if compare_dir is not None:
+            out_dir = compare_dir / (re.sub(r"[^A-Za-z0-9_.-]+", "-", ref).strip("-")[-40:] or "program")
+        else:
+            out_dir = args.output_dir or Path("runs/evaluate") / run_key(parts)
+        code = _evaluate_one(args, argv, ref, loaded[ref], metrics[ref], source, examples, parts, out_dir, trace,
+                             results)
+        if code:
+            return code
+    if compare_dir is not None:
+        _print_comparison(args, argv, programs, results, base, compare_dir)
+    return 0
+
+
+def _evaluate_one(args, argv, ref: str, loaded, metric, source, examples, parts: dict, out_dir: Path, trace: bool,
+                  results: dict) -> int:
+    """Evaluate one program, write its rows and summary, log its evaluation run; 0 or an exit status."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / "examples.jsonl"
     if args.fresh and rows_path.exists():
         rows_path.unlink()
-    print(f"evaluating {args.program} on {len(examples)} {args.split} examples ({source.kind}: {source.location}); "
+    print(f"evaluating {ref} on {len(examples)} {args.split} examples ({source.kind}: {source.location}); "
           f"rows in {rows_path}", file=sys.stderr)
     try:
         result = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default, threads=args.threads,
-                                  results_path=rows_path, max_failure_rate=args.max_failure_rate)
+                                  results_path=rows_path, max_failure_rate=args.max_failure_rate, trace=trace,
+                                  desc=ref if len(ref) <= 30 else "evaluate")
     except FailureRateExceeded as exc:
-        return fail(str(exc), code=1)
+        return fail(f"{ref}: {exc}" if args.program and len(args.program) > 1 else str(exc), code=1)
     except KeyboardInterrupt:
         print(f"\ninterrupted; finished rows are in {rows_path}. Rerun the same command to resume.", file=sys.stderr)
         return 130
@@ -131,25 +174,75 @@ def main(argv: list[str] | None = None) -> int:
     summary = {**result.summary, "similarity_kind": metric.similarity_kind}
     record = {"command": "python -m trace_dspy.evaluate " + shlex.join(argv), "run": parts, "summary": summary,
               "data": source.describe(), "program": loaded.describe()}
-    atomic_write_json(out_dir / "summary.json", record)
-    print(format_table({args.program: summary}, [k for k in TABLE_KEYS if k in summary]))
+    results[ref] = result
+    print(format_table({ref: summary}, [k for k in TABLE_KEYS if k in summary]))
     print(f"similarity: {metric.similarity_kind}; rows: {rows_path}; summary: {out_dir / 'summary.json'}")
 
     if not args.no_mlflow:
         with logged_or_warned(out_dir):
             with mlflow_run(tracking_uri=args.tracking_uri, experiment=args.experiment,
-                            run_name=f"evaluate {args.program}", tags={"trace_dspy.kind": "evaluate"}) as run:
+                            run_name=f"evaluate {ref}", tags={"trace_dspy.kind": "evaluate"}) as run:
                 import mlflow
 
-                log_params({"program_ref": args.program, "split": args.split, "view": parts["view"],
+                from trace_dspy.store.evaluations import log_evaluation, logged_model_id
+
+                log_params({"program_ref": ref, "split": args.split, "view": parts["view"],
                             "limit": len(examples), "seed": args.seed, "data": source.describe(),
-                            "config": settings.to_dict(), "metric": metric.config.to_dict()})
+                            "config": parts["config"], "metric": metric.config.to_dict()})
                 mlflow.log_metrics(numeric_metrics(summary, args.split))
+                dataset = {**source.describe(), "split": args.split, "view": parts["view"], "seed": args.seed}
+                record["mlflow"] = {"run_id": run.info.run_id,
+                                    "scorer_means": log_evaluation(result.rows, dataset=dataset,
+                                                                   model_id=logged_model_id(loaded.manifest))}
+                atomic_write_json(out_dir / "summary.json", record)
                 mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
-                print(f"mlflow run {run.info.run_id}")
+                print(f"mlflow evaluation run {run.info.run_id}")
+    atomic_write_json(out_dir / "summary.json", record)
     return 0
 
 
+COMPARED = (("empathy", "empathy"), ("empathy_learned", "empathy"), ("strategy_fit", "strategy_fit"),
+            ("relevance", "relevance"), ("emotion_acc", "emotion"))
+
+
+def _print_comparison(args, argv, programs: list[str], results: dict, base: dict, out_dir: Path) -> None:
+    """Each program against the first on the same items: means and paired bootstrap 95% CIs."""
+    from trace_dspy.optimize.scorers import paired_bootstrap_ci
+
+    def values(rows, key, component):
+        if key == "empathy":
+            return [float(r.get("score", 0.0)) for r in rows]
+        if key == "emotion_acc":
+            return [float((r.get("prediction") or {}).get("emotion") == r.get("gold_emotion")) for r in rows]
+        return [0.0 if "error" in r else float((r.get("components") or {}).get(component) or 0.0) for r in rows]
+
+    first = results[programs[0]].rows
+    table, cells = {}, []
+    for ref in programs:
+        rows, summ = results[ref].rows, results[ref].summary
+        entry = {k: summ.get(k) for k in ("n", "failed", "empathy", "empathy_learned", "strategy_fit", "relevance",
+                                         "emotion_acc", "dist2", "parrot_rate", "copied_rate")}
+        row = [ref]
+        for key, component in COMPARED:
+            mine = values(rows, key, component)
+            row.append(f"{summ[key]:.4f}" if isinstance(summ.get(key), float) else "-")
+            if ref != programs[0]:
+                diff, low, high = paired_bootstrap_ci(mine, values(first, key, component), seed=args.seed)
+                entry[f"{key}_diff"] = [diff, low, high]
+                row.append(f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]")
+            else:
+                row.append("-")
+        row += [f"{summ.get('dist2', 0.0):.1f}", str(summ.get("failed", 0))]
+        table[ref] = entry
+        cells.append(row)
+    headers = ["program"]
+    for key, _ in COMPARED:
+        headers += [key, f"{key} vs {programs[0]} [95% CI]"]
+    print(f"\n{len(first)} items, each program against {programs[0]} (paired bootstrap, seed {args.seed}):")
+    print(markdown_table(headers + ["Dist-2", "failed"], cells))
+    atomic_write_json(out_dir / "compare.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
+                                                 "run": {**base, "programs": programs}, "table": table})
+    print(f"compare.json in {out_dir}")
 
 
 def run_ablation(args, argv, settings: Settings, source, examples, metric) -> int:
@@ -159,8 +252,6 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
     from trace_dspy.optimize.scorers import paired_bootstrap_ci
     from trace_dspy.workflows.loading import load_for_run
 
-    if args.program != "default":
-        return fail("--ablation varies the configured program; use it with --program default")
     try:
         configs = ablation_configs(settings, [n for n in args.ablation.split(",") if n])
     except ConfigError as exc:

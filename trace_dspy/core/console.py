@@ -13,20 +13,24 @@ def progress(iterable=None, **kwargs):
 
 
 def with_dspy_context(fn):
-    """Wrap ``fn`` so that worker threads see the caller's DSPy LM and adapter.
+    """Wrap ``fn`` so that worker threads see the caller's DSPy LM, adapter and callbacks, and its
+    tracing switch (trace_dspy.core.spans).
 
     Threads of a plain ThreadPoolExecutor start from the global settings, not
     from the caller's ``dspy.context``.
     """
     import dspy
 
+    from trace_dspy.core import spans
+
     # The LM and adapter, plus an active usage tracker so that LM calls made in
     # the workers are counted by the caller (e.g. the compile bench).
     overrides = {k: v for k, v in dspy.settings.config.items()
-                 if k in ("lm", "adapter") or (k == "usage_tracker" and v is not None)}
+                 if k in ("lm", "adapter", "callbacks") or (k == "usage_tracker" and v is not None)}
+    traced = spans.enabled()
 
     def run(*args, **kwargs):
-        with dspy.context(**overrides):
+        with dspy.context(**overrides), spans.tracing(traced):
             return fn(*args, **kwargs)
 
     return run

@@ -23,6 +23,7 @@ class Stage:
     - ``auditable``: the reflection audit may name it as the stage to redo.
     - ``status``: what a terminal status line says while it runs.
     - ``notes``: the metric's feedback notes this stage can act on (GEPA reflects per predictor).
+    - ``span``: the name of its span in an MLflow trace.
     """
 
     name: str
@@ -35,25 +36,28 @@ class Stage:
     auditable: bool = False
     status: str = ""
     notes: frozenset[str] = frozenset()
+    span: str = ""
 
 
 REGISTRY: tuple[Stage, ...] = (
     Stage("recognize_emotion", "RecognizeEmotion", core=True, optional=False, lm_group="analysis",
-          main_output="emotion", auditable=True, status="reading how they feel", notes=frozenset({"emotion"})),
+          main_output="emotion", auditable=True, status="reading how they feel", notes=frozenset({"emotion"}),
+          span="emotion"),
     Stage("infer_commonsense", "InferCommonsense", core=False, optional=False, lm_group="analysis",
-          main_output="x_intent", status="thinking about what they need"),
+          main_output="x_intent", status="thinking about what they need", span="commonsense"),
     Stage("analyze_cause", "AnalyzeCause", core=True, optional=True, lm_group="analysis",
           main_output="cause_summary", gates=("trigger_spans", "cause_summary", "cause_category"),
-          auditable=True, status="working out why", notes=frozenset({"detail", "emotion"})),
+          auditable=True, status="working out why", notes=frozenset({"detail", "emotion"}), span="cause"),
     Stage("plan_strategy", "PlanStrategy", core=True, optional=True, lm_group="analysis",
           main_output="strategy", gates=("strategy", "secondary_strategy"), auditable=True,
-          status="planning the reply", notes=frozenset({"strategy", "empathy", "judge", "similarity"})),
+          status="planning the reply", notes=frozenset({"strategy", "empathy", "judge", "similarity"}),
+          span="strategy"),
     Stage("generate_response", "GenerateResponse", core=True, optional=False, lm_group="response",
           main_output="response", auditable=True, status="writing the reply",
           notes=frozenset({"length", "detail", "advice", "parrot", "copy", "unrelated", "strategy", "empathy",
-                           "similarity", "judge", "empty"})),
+                           "similarity", "judge", "empty"}), span="response"),
     Stage("reflect", "AuditReply", core=False, optional=False, lm_group="analysis",
-          main_output="faulty_stage", status="checking the reply"),
+          main_output="faulty_stage", status="checking the reply", span="reflection"),
 )
 
 BY_NAME: dict[str, Stage] = {s.name: s for s in REGISTRY}

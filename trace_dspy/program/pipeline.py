@@ -16,10 +16,11 @@ from contextlib import nullcontext
 
 import dspy
 
+from trace_dspy.core import spans
 from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
 from trace_dspy.core.labels import ekman_group
-from trace_dspy.core.stages import REGISTRY
+from trace_dspy.core.stages import BY_NAME, REGISTRY
 from trace_dspy.lm.adapters import chat_reply_adapter, choose_adapter, is_constrained
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
@@ -202,10 +203,19 @@ class TraceProgram(dspy.Module):
         return format_candidates(self.emotion_prior.candidates(dialogue, self.config.prior_k, self._encoder())), path
 
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
+        with spans.span("trace_dspy", inputs={"dialogue": dialogue}) as root:
+            pred = self._forward(dialogue, exemplars)
+            root.set_outputs({k: pred.get(k) for k in ("emotion", "emotion_group", "cause_summary", "strategy",
+                                                        "response")})
+        return pred
+
+    def _forward(self, dialogue, exemplars: Sequence[str] | None) -> dspy.Prediction:
         state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or []),
                        "revision_note": ""}
         outputs: dict = {}
-        state["emotion_candidates"], outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
+        with spans.span("emotion prior", inputs={"dialogue": state["dialogue"]}) as sp:
+            state["emotion_candidates"], outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
+            sp.set_outputs({"candidates": state["emotion_candidates"], "path": outputs["emotion_path"]})
         if state["emotion_candidates"]:
             outputs["emotion_candidates"] = state["emotion_candidates"]
         retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
@@ -222,9 +232,15 @@ class TraceProgram(dspy.Module):
         for stage in stages:
             if stage == "plan_strategy" and retrieve:
                 # After the emotion is known: TRACE filters exemplars by its group.
-                state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"))
+                with spans.span("retrieval", span_type="RETRIEVER",
+                                inputs={"dialogue": state["dialogue"], "emotion": state.get("emotion")}) as sp:
+                    state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"))
+                    sp.set_outputs(state["exemplars"])
                 retrieve = False
-            result = self._call(stage, state)
+            with spans.span(BY_NAME[stage].span or stage) as sp:
+                result = self._call(stage, state)
+                sp.set_inputs({n: state.get(n) for n in getattr(self, stage).signature.input_fields})
+                sp.set_outputs({n: result[n] for n in getattr(self, stage).signature.output_fields})
             for name in getattr(self, stage).signature.output_fields:
                 value = result[name]
                 if name == "reasoning":
@@ -274,6 +290,7 @@ class TraceProgram(dspy.Module):
         threshold = self.config.best_of_threshold
         first = predictor(**inputs)
         rewards = [self.reply_reward(inputs, first)]
+        _candidate_span(1, first, rewards[0])
         if rewards[0] >= threshold:
             return first, rewards
         trace = dspy.settings.trace
@@ -282,6 +299,7 @@ class TraceProgram(dspy.Module):
         def reward(args, pred):
             value = self.reply_reward(args, pred)
             rewards.append(value)
+            _candidate_span(len(rewards), pred, value)
             return value
 
         sampled = dspy.BestOfN(module=predictor, N=self.best_of(dspy.settings.lm) - 1, threshold=threshold,
@@ -297,23 +315,33 @@ class TraceProgram(dspy.Module):
         """Audit, then redo the earliest faulty stage and everything after it; bounded rounds."""
         audits = []
         for round_ in range(1, self.config.reflection_rounds + 1):
-            verdict = self._call("reflect", state)
-            audit = {k: verdict[k] for k in self.reflect.signature.output_fields if k != "reasoning"}
-            checks = self._rule_checks(state)
-            audit.update(round=round_, rule_checks=checks)
-            named = [verdict.faulty_stage] if verdict.faulty_stage != "none" else []
-            named += [stage for stage, ok in (("analyze_cause", checks.get("spans_verbatim", True)),
-                                              ("generate_response", checks["no_advice"])) if not ok]
-            redo = self._earliest_enabled(named, pipeline)
-            audit["redo_from"] = redo
-            audits.append(audit)
+            with spans.span(f"reflection round {round_}") as sp:
+                redo = self._reflect_round(round_, pipeline, state, outputs, audits)
+                sp.set_outputs(audits[-1])
             if redo is None:
                 break
-            notes = [verdict.critique] + [f"Rule broken: {name}." for name, ok in checks.items() if not ok]
-            state["revision_note"] = " ".join(n for n in notes if n)
-            self._run_stages(pipeline[pipeline.index(redo):], state, outputs, retrieve=False)
         state["revision_note"] = ""
         return audits
+
+    def _reflect_round(self, round_: int, pipeline: list[str], state: dict, outputs: dict,
+                       audits: list[dict]) -> str | None:
+        """One audit; when it names a faulty stage, redo from there. Returns that stage (None: no redo)."""
+        verdict = self._call("reflect", state)
+        audit = {k: verdict[k] for k in self.reflect.signature.output_fields if k != "reasoning"}
+        checks = self._rule_checks(state)
+        audit.update(round=round_, rule_checks=checks)
+        named = [verdict.faulty_stage] if verdict.faulty_stage != "none" else []
+        named += [stage for stage, ok in (("analyze_cause", checks.get("spans_verbatim", True)),
+                                          ("generate_response", checks["no_advice"])) if not ok]
+        redo = self._earliest_enabled(named, pipeline)
+        audit["redo_from"] = redo
+        audits.append(audit)
+        if redo is None:
+            return None
+        notes = [verdict.critique] + [f"Rule broken: {name}." for name, ok in checks.items() if not ok]
+        state["revision_note"] = " ".join(n for n in notes if n)
+        self._run_stages(pipeline[pipeline.index(redo):], state, outputs, retrieve=False)
+        return redo
 
     @staticmethod
     def _earliest_enabled(named: list[str], pipeline: list[str]) -> str | None:
@@ -337,3 +365,10 @@ class TraceProgram(dspy.Module):
             checks["spans_verbatim"] = bool(state["trigger_spans"]) and all(
                 " ".join(str(span).split()) in spoken for span in state["trigger_spans"])
         return checks
+
+
+def _candidate_span(number: int, pred, reward: float) -> None:
+    """A Best-of-N candidate in the trace: its reply and its reward (no-op with tracing off)."""
+    if spans.enabled():
+        with spans.span(f"candidate {number}", attributes={"reward": float(reward)}) as sp:
+            sp.set_outputs({"response": getattr(pred, "response", None), "reward": float(reward)})

@@ -96,6 +96,15 @@ def ensure_experiment(name: str, tracking_uri: str) -> str:
         return mlflow.create_experiment(name, artifact_location=location)
 
 
+def prepare_tracing(tracking_uri: str | None, experiment: str) -> str:
+    """Point MLflow's traces at ``experiment`` in the store (created when missing); returns its id."""
+    import mlflow
+
+    experiment_id = ensure_experiment(experiment, resolve_tracking_uri(tracking_uri))
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
 @contextmanager
 def mlflow_run(*, tracking_uri: str | None, experiment: str, run_name: str, tags: Mapping[str, str] | None = None,
                nested: bool = False):

@@ -20,6 +20,7 @@ from typing import Any
 import dspy
 from dspy.utils.usage_tracker import track_usage
 
+from trace_dspy.core import spans
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import progress, with_dspy_context
 from trace_dspy.core.jsonl import AppendWriter, read_records
@@ -111,6 +112,9 @@ def run_one(program, metric: EmpathyMetric, example: dspy.Example) -> dict[str, 
     # Cost of the program call alone (not the metric): wall time and the LM
     # calls that reached a model (cache hits are not counted).
     row.update(seconds=time.perf_counter() - started, **usage_totals(usage))
+    trace_id = spans.last_trace_id()
+    if trace_id:
+        row["trace_id"] = trace_id
     if error is not None:
         row.update(error=error, score=0.0)
         return row
@@ -148,11 +152,14 @@ def evaluate_program(
     max_failure_rate: float | None = 0.5,
     desc: str = "evaluate",
     reference_dist2: float | None = None,
+    trace: bool = False,
 ) -> EvalResult:
     """Evaluate ``program`` on ``examples``; resumes from ``results_path`` if it exists.
 
     ``reference_dist2`` (the Dist-2 of the program this one would replace) arms
-    the collapse check's Dist-2 test.
+    the collapse check's Dist-2 test. ``trace`` records one MLflow trace per
+    dialogue (stage spans and LM calls) in the active experiment; each row keeps
+    its ``trace_id``.
     """
     ids = [e.get("sample_id") or e.dialogue for e in examples]
     if len(set(ids)) != len(ids):
@@ -182,8 +189,11 @@ def evaluate_program(
             return run_one(program, metric, example)
 
     writer = AppendWriter(results_path) if results_path is not None else None
+    callbacks = [*(dspy.settings.config.get("callbacks") or []), spans.lm_span_callback()] if trace else None
     try:
-        with progress(total=len(todo), desc=desc) as bar, ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        with progress(total=len(todo), desc=desc) as bar, spans.tracing(trace), \
+                (dspy.context(callbacks=callbacks) if trace else nullcontext()), \
+                ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             work = with_dspy_context(task)
             pending = {pool.submit(work, e) for e in todo}
             while pending:

@@ -38,9 +38,10 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd  # mlflow's own dependency
 
+from trace_dspy.store.evaluations import MODEL_NAME
+
 CODE_FILE = Path(__file__).with_name("pyfunc_model.py")
 ARTIFACT_KEY = "program"
-MODEL_NAME = "model"  # the logged model's name inside a compile run
 INPUT_COLUMN = "dialogue"
 # One row out per row in, in the same order. ``stages`` holds every stage output as a JSON object;
 # ``error`` is empty on success and says what went wrong for that row otherwise (the other columns are

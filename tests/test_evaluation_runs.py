@@ -1,0 +1,122 @@
+"""Evaluations as MLflow evaluation runs: one trace per dialogue with stage spans and LM spans, one
+assessment per metric part, scorer means equal to summary.json, the dataset and the compiled model linked,
+and a two-program comparison in one command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import compile_fast
+from trace_dspy.store.evaluations import SCORER_SUMMARY_KEYS, row_scores
+
+STAGE_SPANS = {"trace_dspy", "emotion prior", "emotion", "cause", "strategy", "response"}
+
+
+@pytest.fixture
+def compared(tmp_path, monkeypatch, capsys):
+    """A compile (fake LM, logs a model), then evaluate the uncompiled program against it on 4 items."""
+    from trace_dspy.cli.evaluate import main
+
+    uri = compile_fast(tmp_path, monkeypatch)
+    capsys.readouterr()
+    code = main(["--program", "default", "--program", "trace-dspy@v1", "--limit", "4", "--threads", "2",
+                 "--tracking-uri", uri, "--output-dir", "cmp"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return uri, tmp_path / "cmp", captured
+
+
+def _runs(uri):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list",
+                              filter_string="tags.`trace_dspy.kind` = 'evaluate'")
+    return {r.data.params["program_ref"]: r for r in runs}
+
+
+def test_each_program_is_an_evaluation_run_with_one_traced_dialogue_per_item(compared):
+    import mlflow
+
+    uri, out, captured = compared
+    runs = _runs(uri)
+    assert set(runs) == {"default", "trace-dspy@v1"}
+    for ref, folder in (("default", "default"), ("trace-dspy@v1", "trace-dspy-v1")):
+        run = runs[ref]
+        summary = json.loads((out / folder / "summary.json").read_text())
+        rows = [json.loads(line) for line in (out / folder / "examples.jsonl").read_text().splitlines()]
+        assert summary["mlflow"]["run_id"] == run.info.run_id
+        assert run.data.tags.get("mlflow.runType") == "genai_evaluate"  # listed under "Evaluation runs"
+        # MLflow's scorer means are the summary's numbers.
+        for name, key in SCORER_SUMMARY_KEYS.items():
+            if key in summary["summary"]:
+                assert run.data.metrics[f"{name}/mean"] == pytest.approx(summary["summary"][key]), name
+        # The dataset: the seed set's test view, seed 0, 4 items, with its digest.
+        (dataset_input,) = run.inputs.dataset_inputs
+        assert dataset_input.dataset.name == "seed-test-trace-seed0-n4" and dataset_input.dataset.digest
+        assert json.loads(dataset_input.dataset.source)["fingerprint"] == summary["data"]["fingerprint"]
+
+        traces = mlflow.search_traces(run_id=run.info.run_id, return_type="list")
+        assert len(traces) == 4 and {t.info.trace_id for t in traces} == {r["trace_id"] for r in rows}
+        by_id = {r["trace_id"]: r for r in rows}
+        for trace in traces:
+            names = [s.name for s in trace.data.spans]
+            assert STAGE_SPANS <= set(names), names
+            lm_spans = [s for s in trace.data.spans if s.name.startswith("lm ")]
+            assert len(lm_spans) == 4  # one per stage call: the prompt in, the completion out
+            assert all(s.inputs["messages"] and s.outputs for s in lm_spans)
+            response = next(s for s in trace.data.spans if s.name == "response")
+            assert response.outputs["response"] == by_id[trace.info.trace_id]["prediction"]["response"]
+            # One assessment per metric part, with the row's own value.
+            got = {a.name: a.value for a in trace.info.assessments}
+            assert got == pytest.approx(row_scores(by_id[trace.info.trace_id]))
+
+
+def test_the_compiled_programs_run_links_its_logged_model(compared):
+    from mlflow import MlflowClient
+
+    uri, _, _ = compared
+    runs = _runs(uri)
+    client = MlflowClient(tracking_uri=uri)
+    champion = client.get_model_version_by_alias("trace-dspy", "champion")
+    run = client.get_run(runs["trace-dspy@v1"].info.run_id)
+    linked = [m.model_id for m in (run.inputs.model_inputs or [])]
+    assert linked == [champion.source.removeprefix("models:/")]  # the version's source is the logged model
+    # the uncompiled program has no logged model
+    assert not client.get_run(runs["default"].info.run_id).inputs.model_inputs
+
+
+def test_the_comparison_is_paired_on_the_same_items(compared):
+    _, out, captured = compared
+    record = json.loads((out / "compare.json").read_text())
+    assert record["run"]["programs"] == ["default", "trace-dspy@v1"]
+    diff, low, high = record["table"]["trace-dspy@v1"]["empathy_diff"]
+    a = json.loads((out / "default/summary.json").read_text())["summary"]["empathy"]
+    b = json.loads((out / "trace-dspy-v1/summary.json").read_text())["summary"]["empathy"]
+    assert diff == pytest.approx(b - a) and low <= diff <= high
+    assert "empathy vs default [95% CI]" in captured.out
+    ids = [[json.loads(line)["id"] for line in (out / f / "examples.jsonl").read_text().splitlines()]
+           for f in ("default", "trace-dspy-v1")]
+    assert sorted(ids[0]) == sorted(ids[1])
+
+
+def test_tracing_is_off_unless_asked(tmp_path, monkeypatch):
+    """respond without --trace, and an untraced evaluation, leave no trace; the switch reaches threads."""
+    import dspy
+
+    from conftest import echo_reply
+    from trace_dspy.core import spans
+    from trace_dspy.core.console import with_dspy_context
+    from trace_dspy.program.pipeline import TraceProgram
+    from trace_dspy.testing.fakes import fake_lm
+
+    assert not spans.enabled()
+    with spans.tracing():
+        assert with_dspy_context(spans.enabled)() is True
+    assert with_dspy_context(spans.enabled)() is False
+    lm, _ = fake_lm(echo_reply)
+    with dspy.context(lm=lm):
+        TraceProgram()(dialogue="I lost my keys on the bus.")
+    assert spans.last_trace_id() is None
