@@ -120,3 +120,59 @@ def test_tracing_is_off_unless_asked(tmp_path, monkeypatch):
     with dspy.context(lm=lm):
         TraceProgram()(dialogue="I lost my keys on the bus.")
     assert spans.last_trace_id() is None
+
+
+def test_respond_traces_when_asked(tmp_path, monkeypatch, capsys):
+    import mlflow
+
+    import trace_dspy.lm.specs as lms_module
+    from conftest import echo_reply
+    from trace_dspy.cli.respond import main
+    from trace_dspy.testing.fakes import fake_lm
+
+    lm, _ = fake_lm(echo_reply)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert main(["--program", "default", "I lost my keys on the bus."]) == 0
+    assert not (tmp_path / "mlflow.db").exists()  # no --trace: nothing recorded
+    assert main(["--program", "default", "--trace", "I lost my keys on the bus."]) == 0
+    err = capsys.readouterr().err
+    assert "traces are in the MLflow experiment trace-dspy (the last one here: tr-" in err
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (trace,) = mlflow.search_traces(locations=[mlflow.get_experiment_by_name("trace-dspy").experiment_id],
+                                    return_type="list")
+    assert {"emotion", "cause", "strategy", "response"} <= {s.name for s in trace.data.spans}
+    (tmp_path / "t.toml").write_text("[tracing]\nenabled = 1\n")
+    assert main(["--program", "default", "--config", "t.toml", "hi there"]) == 2
+    assert "[tracing] takes one key" in capsys.readouterr().err
+
+
+def test_a_compile_logs_its_dev_evaluations_and_registers_its_prompts(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = compile_fast(tmp_path, monkeypatch)
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list",
+                              filter_string="tags.`trace_dspy.kind` = 'compile-evaluation'")
+    by_name = {r.info.run_name: r for r in runs}
+    assert set(by_name) == {"trace-dspy dev before", "trace-dspy dev after"}
+    client = MlflowClient(tracking_uri=uri)
+    champion = client.get_model_version_by_alias("trace-dspy", "champion")
+    manifest = json.loads((tmp_path / "artifacts/trace-dspy/v0001/manifest.json").read_text())
+    for name, run in by_name.items():
+        assert run.data.tags["mlflow.runType"] == "genai_evaluate"
+        assert run.data.tags["mlflow.parentRunId"] == manifest["mlflow"]["run_id"]
+        traces = mlflow.search_traces(run_id=run.info.run_id, return_type="list")
+        assert len(traces) == 3  # the dev set
+        key = "dev_after" if name.endswith("after") else "dev_before"
+        assert run.data.metrics["empathy/mean"] == pytest.approx(manifest["scores"][key]["empathy"])
+    linked = client.get_run(by_name["trace-dspy dev after"].info.run_id).inputs.model_inputs
+    assert [m.model_id for m in linked] == [champion.source.removeprefix("models:/")]
+    program = json.loads((tmp_path / "artifacts/trace-dspy/v0001/program.json").read_text())
+    for stage in ("recognize_emotion", "generate_response"):
+        prompt = mlflow.genai.load_prompt(f"prompts:/trace-dspy.{stage}/1")
+        state = program.get(stage) or program.get(f"{stage}.predict")
+        assert prompt.template == state["signature"]["instructions"]
+        assert prompt.tags["artifact_version"] == "trace-dspy@v1" and prompt.tags["demos"] == str(len(state["demos"]))

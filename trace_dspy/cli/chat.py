@@ -22,6 +22,7 @@ not a human label; correct it before training on the file). The file loads with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from collections.abc import Callable
@@ -29,9 +30,12 @@ from typing import Any
 
 from trace_dspy.cli.common import (
     add_model_args,
+    add_trace_arg,
     fail,
     settings_from_args,
     setup_logging,
+    trace_requested,
+    traced,
 )
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError
@@ -178,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="pool for retrieved exemplars of the uncompiled program "
                                        "(default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    add_trace_arg(parser)
     add_model_args(parser)
     return parser
 
@@ -215,7 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace-dspy chat: program {program}, model {settings_model(loaded)}")
         print("Type the speaker's turn and press Enter; /help lists the commands, Ctrl-D leaves.")
     session = ChatSession(loaded.program, lm, show_stages=args.show_stages)
-    return Repl(session, interactive=interactive).run()
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(traced(trace_requested(args, settings)))
+        except Exception as exc:  # noqa: BLE001 - an unusable tracking store
+            return fail(f"--trace: the tracking store is not usable: {type(exc).__name__}: {exc}")
+        return Repl(session, interactive=interactive).run()
 
 
 def settings_model(loaded) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from trace_dspy.lm.specs import LMConfig, offline_litellm
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.settings import Settings
 
-KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer"}
+KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer", "tracing"}
 
 
 
@@ -47,6 +48,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     bad_data = set(raw.get("data") or {}) - {"source", "train", "dev", "val"}
     if bad_data:
         raise ConfigError(f"[data] unknown keys: {', '.join(sorted(bad_data))}; use source, train, dev, val")
+    tracing = raw.get("tracing") or {}
+    if set(tracing) - {"enabled"} or not isinstance(tracing.get("enabled", False), bool):
+        raise ConfigError("[tracing] takes one key, enabled = true or false")
     program = ProgramConfig.from_dict(raw.get("program"))
     lm = LMConfig.from_dict(raw.get("lm")).with_overrides(
         lm=args.lm, api_base=args.api_base, api_key_env=args.api_key_env,
@@ -62,6 +66,42 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"))
     return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None), lm_explicit=explicit,
                     trust_artifact_lm=bool(getattr(args, "trust_artifact_lm", False)), timeout=timeout)
+
+
+def add_trace_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", action="store_true",
+                        help="record each answer as an MLflow trace (stage spans, LM calls) in the tracking store "
+                             "($MLFLOW_TRACKING_URI, else sqlite:///mlflow.db); also [tracing] enabled = true")
+
+
+def trace_requested(args: argparse.Namespace, settings: Settings) -> bool:
+    return bool(getattr(args, "trace", False)) or bool((settings.raw.get("tracing") or {}).get("enabled"))
+
+
+@contextlib.contextmanager
+def traced(enabled: bool):
+    """Inside the block the program records MLflow traces (when ``enabled``); on the way out the ids of
+    the traces it made are printed to stderr."""
+    if not enabled:
+        yield
+        return
+    import dspy
+
+    from trace_dspy.core import spans
+    from trace_dspy.store.tracking import prepare_tracing
+
+    prepare_tracing(None, DEFAULT_EXPERIMENT)
+    callback = spans.lm_span_callback()
+    with spans.tracing(), dspy.context(callbacks=[*dspy.settings.callbacks, callback]):
+        try:
+            yield
+        finally:
+            import mlflow
+
+            mlflow.flush_trace_async_logging()
+            trace_id = spans.last_trace_id()
+            last = f" (the last one here: {trace_id})" if trace_id else ""
+            print(f"traces are in the MLflow experiment {DEFAULT_EXPERIMENT}{last}", file=sys.stderr)
 
 
 def setup_logging(verbose: bool = False) -> None:

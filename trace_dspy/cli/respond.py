@@ -16,6 +16,7 @@ failed ones; the file is rewritten in input order when the run ends.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -25,9 +26,12 @@ import dspy
 
 from trace_dspy.cli.common import (
     add_model_args,
+    add_trace_arg,
     fail,
     settings_from_args,
     setup_logging,
+    trace_requested,
+    traced,
 )
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
@@ -68,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "artifact folder, champion, models:/..., runs:/...")
     parser.add_argument("--data", help="pool for retrieved exemplars (default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("-v", "--verbose", action="store_true")
+    add_trace_arg(parser)
     add_model_args(parser)
     return parser
 
@@ -127,6 +132,15 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
 
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(traced(trace_requested(args, settings)))
+        except Exception as exc:  # noqa: BLE001 - an unusable tracking store
+            return fail(f"--trace: the tracking store is not usable: {type(exc).__name__}: {exc}")
+        return _answer(args, message, program, default_lm)
+
+
+def _answer(args: argparse.Namespace, message: str | None, program, default_lm) -> int:
     if args.input:
         try:
             report = respond_batch(program, args.input, args.output, threads=args.threads, lm=default_lm)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 import time
@@ -123,7 +124,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             _log("1/4 evaluating the uncompiled program on dev")
             before = evaluate_program(program, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                       results_path=tmp / "dev_before.jsonl", max_failure_rate=cfg.max_failure_rate,
-                                      desc="dev before")
+                                      desc="dev before", trace=run is not None)
             _log(f"2/4 compiling with {cfg.optimizer.name}")
             with dspy.context(lm=lms.default):
                 try:
@@ -140,7 +141,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             _log("3/4 evaluating the compiled program on dev")
             after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                      results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
-                                     desc="dev after", reference_dist2=before.summary.get("dist2"))
+                                     desc="dev after", reference_dist2=before.summary.get("dist2"),
+                                     trace=run is not None)
             improved = not_worse_than_uncompiled(before.summary, after.summary)
             if after.summary.get("collapsed"):
                 _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
@@ -203,6 +205,10 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                                                           "artifact_version": str(final_manifest["version"])},
                                                     model_uri=model_info.model_uri, model_id=model_info.model_id)
                 mlflow.set_tag("trace_dspy.registry_version", str(registry_version))
+                # The dev evaluations as MLflow evaluation runs, and the compiled instructions as prompts
+                # (a failure here is reported, and the compile's result stands).
+                _log_evaluation_runs(cfg, source, before.rows, after.rows, model_info.model_id)
+                _register_prompts(cfg, compiled, final_manifest["version"])
                 # 4. promote, if it is not worse than the uncompiled program (nor collapsed) and beats the champion
                 promoted = improved and promote_if_better(
                     registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
@@ -287,7 +293,48 @@ def _mlflow_context(cfg: CompileConfig):
                      tags={"trace_dspy.kind": "compile", "trace_dspy.optimizer": cfg.optimizer.name})
     mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
                         silent=True)
-    return ctx
+    return _traced_run(ctx)
+
+
+@contextlib.contextmanager
+def _traced_run(ctx):
+    """The compile run, with MLflow's traces going to its experiment."""
+    import mlflow
+
+    with ctx as run:
+        mlflow.set_experiment(experiment_id=run.info.experiment_id)
+        yield run
+
+
+def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_rows: list, model_id: str) -> None:
+    """Child runs ``dev before`` and ``dev after``: MLflow evaluation runs over the dev traces."""
+    from trace_dspy.store.evaluations import log_evaluation
+    from trace_dspy.store.tracking import mlflow_run
+
+    dataset = {**source.describe(), "split": "dev", "view": "longest", "seed": cfg.seed}
+    for name, rows, linked in (("dev before", before_rows, None), ("dev after", after_rows, model_id)):
+        try:
+            with mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment, run_name=f"{cfg.name} {name}",
+                            tags={"trace_dspy.kind": "compile-evaluation"}, nested=True):
+                log_evaluation(rows, dataset=dataset, model_id=linked)
+        except Exception as exc:  # noqa: BLE001 - the compile itself is saved and registered
+            _log(f"WARNING: the {name} evaluation run was not logged ({type(exc).__name__}: {exc})")
+
+
+def _register_prompts(cfg: CompileConfig, compiled, version: int) -> None:
+    """Each stage's compiled instruction as a version of the prompt ``<name>.<stage>`` in MLflow's registry."""
+    import mlflow
+
+    for stage, predictor in compiled.named_predictors():
+        try:
+            mlflow.genai.register_prompt(
+                name=f"{cfg.name}.{stage}".replace("@", "-"), template=predictor.signature.instructions,
+                commit_message=f"{cfg.name}@v{version}, {cfg.optimizer.name}",
+                tags={"artifact_version": f"{cfg.name}@v{version}", "demos": str(len(predictor.demos)),
+                      "optimizer": cfg.optimizer.name})
+        except Exception as exc:  # noqa: BLE001 - as above
+            _log(f"WARNING: the {stage} prompt was not registered ({type(exc).__name__}: {exc})")
+            return
 
 
 def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict):
