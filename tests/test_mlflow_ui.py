@@ -158,7 +158,8 @@ def store(monkeypatch, tmp_path):
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(EXPERIMENT)
-    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    runs = {r.info.run_name: r for r in client.search_runs(
+        [experiment.experiment_id], filter_string="tags.`trace_dspy.kind` = 'compile'")}
     assert set(runs) == set(RUN_NAMES)
     return uri, experiment.experiment_id, runs
 
@@ -171,7 +172,8 @@ def test_the_ui_shows_the_experiment_the_compile_runs_and_their_metrics(chromium
         runs_shot = tmp_path / "mlflow-runs.png"
         text = render(chromium, f"{server.url}/#/experiments/{experiment_id}/runs", runs_shot, tmp_path,
                       [EXPERIMENT, *RUN_NAMES])
-        assert "2 matching runs" in text
+        # Two compile runs, each with its two child evaluation runs (dev before, dev after).
+        assert "6 matching runs" in text
         for name, run in runs.items():
             shot = tmp_path / f"mlflow-run-{name.rsplit(' ', 1)[1]}.png"
             text = render(chromium, f"{server.url}/#/experiments/{experiment_id}/runs/{run.info.run_id}", shot,
