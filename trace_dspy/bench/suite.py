@@ -416,11 +416,26 @@ def _ms(values: Sequence[float]) -> dict[str, float]:
 
 
 def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int = 3,
-                     clock: str = "wall") -> dict[str, Any]:
+                     clock: str = "wall", trace: bool = False) -> dict[str, Any]:
     """Time spent outside the LM, per stage call and per dialogue, with a zero-latency fake LM.
 
-    ``clock`` is "wall" (elapsed time) or "cpu" (the thread's CPU time).
+    ``clock`` is "wall" (elapsed time) or "cpu" (the thread's CPU time). ``trace`` records every
+    dialogue as an MLflow trace (stage and LM spans) in a temporary sqlite store, as ``evaluate`` does.
     """
+    if trace:
+        import tempfile
+
+        from trace_dspy.core import spans
+        from trace_dspy.store.tracking import prepare_tracing
+
+        with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
+            prepare_tracing(f"sqlite:///{tmp}/mlflow.db", "overhead")
+            with spans.tracing(), dspy.context(callbacks=[spans.lm_span_callback()]):
+                result = measure_overhead(examples, program, warmup=warmup, clock=clock)
+            import mlflow
+
+            mlflow.flush_trace_async_logging()
+        return {**result, "tracing": True}
     from trace_dspy.testing.fakes import ScriptedEngine
 
     if not examples:
@@ -433,7 +448,7 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
     names = {id(p): n for n, p in program.named_predictors()}
     timer = _StageTimer(names, engine)
     retriever = getattr(program, "retriever", None)
-    with dspy.context(lm=lm, callbacks=[timer]):
+    with dspy.context(lm=lm, callbacks=[*dspy.settings.callbacks, timer]):
         for ex in list(examples)[:warmup]:
             program(dialogue=ex.dialogue)
         timer.samples.clear()
@@ -449,6 +464,7 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
     stage_samples = [v for values in timer.samples.values() for v in values]
     result = {
         "clock": clock,
+        "tracing": False,
         "dialogues": len(examples),
         "stage_calls": len(stage_samples),
         "per_stage": {name: _ms(values) for name, values in timer.samples.items()},

@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--warmup", type=int, default=3)
             p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                            help="wall time, or the thread's CPU time (steadier on a shared machine)")
+            p.add_argument("--trace", action="store_true",
+                           help="record each dialogue as an MLflow trace, as evaluate does (a temporary store)")
         elif name == "concurrency":
             p.add_argument("--latency", type=float, default=0.2, help="server latency per call, seconds")
             p.add_argument("--levels", type=_int_list, default=[1, 2, 4, 8, 16, 32], help="thread counts")
@@ -220,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.dialogues < 1:
                 return fail("--dialogues must be at least 1")
             examples, program = _examples_and_program(args, settings, args.dialogues)
-            result = measure_overhead(examples, program, warmup=args.warmup, clock=args.clock)
-            return _finish(args, argv, f"overhead-{args.clock}", result, overhead_markdown(result))
+            result = measure_overhead(examples, program, warmup=args.warmup, clock=args.clock, trace=args.trace)
+            name = f"overhead-{args.clock}" + ("-traced" if args.trace else "")
+            return _finish(args, argv, name, result, overhead_markdown(result))
         if args.command == "concurrency":
             if args.latency < 0 or args.per_thread < 1:
                 return fail("--latency must be >= 0 and --per-thread >= 1")

@@ -107,8 +107,16 @@ def traced(enabled: bool):
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic", "bm25s"):
+    for noisy in ("LiteLLM", "litellm", "httpx", "mlflow", "alembic", "bm25s", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
+    # DSPy's optimizers log each candidate's score at INFO through DSPy's own handler; the compile prints
+    # its selection scores itself. -v shows them.
+    logging.getLogger("dspy").setLevel(logging.INFO if verbose else logging.WARNING)
+    # llama-cpp-python opens /dev/null twice at import and keeps both open for its whole life; when a
+    # library turns ResourceWarning on, the interpreter reports them at exit. Nothing to act on.
+    import warnings
+
+    warnings.filterwarnings("ignore", category=ResourceWarning, message=r"unclosed file .*name='/dev/null'")
     # A reply capped at its token budget is expected (the reply stage keeps two sentences of it); DSPy
     # warns on every such call, which buried the replies of respond and chat. --verbose shows them.
     lm_log = logging.getLogger("dspy.clients.lm")
