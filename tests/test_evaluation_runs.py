@@ -176,3 +176,33 @@ def test_a_compile_logs_its_dev_evaluations_and_registers_its_prompts(tmp_path, 
         state = program.get(stage) or program.get(f"{stage}.predict")
         assert prompt.template == state["signature"]["instructions"]
         assert prompt.tags["artifact_version"] == "trace-dspy@v1" and prompt.tags["demos"] == str(len(state["demos"]))
+
+
+def test_candidates_and_reflection_rounds_are_spans(tmp_path):
+    """Best-of-N candidates carry their reward; each reflection round is a span holding the stages it redid."""
+    import dspy
+    import mlflow
+
+    from trace_dspy import ProgramConfig, TraceProgram
+    from trace_dspy.core import spans
+    from trace_dspy.store.tracking import prepare_tracing
+    from trace_dspy.testing.fakes import fake_lm
+
+    prepare_tracing(f"sqlite:///{tmp_path / 'mlflow.db'}", "spans")
+    replies = iter(["Okay then.", "That is sad news.", "I am so sorry about your dog; how are you?"] * 3)
+    lm, _ = fake_lm(response=lambda inputs: next(replies))
+    program = TraceProgram(ProgramConfig(best_of=3, best_of_threshold=1.0, reflection=True, reflection_rounds=1))
+    rewards = {"Okay then.": 0.2, "That is sad news.": 0.5, "I am so sorry about your dog; how are you?": 0.9}
+    program.reward_fn = lambda inputs, pred: rewards[pred.response]
+    with spans.tracing(), dspy.context(lm=lm, callbacks=[spans.lm_span_callback()]):
+        pred = program(dialogue="Speaker: My dog died yesterday.")
+        trace_id = spans.last_trace_id()
+    mlflow.flush_trace_async_logging()
+    trace = mlflow.get_trace(trace_id)
+    candidates = {s.name: s for s in trace.data.spans if s.name.startswith("candidate ")}
+    assert [candidates[f"candidate {i}"].attributes["reward"] for i in (1, 2, 3)] == [0.2, 0.5, 0.9]
+    assert pred.reply_rewards == [0.2, 0.5, 0.9]
+    (round_1,) = [s for s in trace.data.spans if s.name == "reflection round 1"]
+    assert round_1.outputs["round"] == 1 and "redo_from" in round_1.outputs
+    # The audit's own LM call sits inside its round.
+    assert any(s.name.startswith("lm ") for s in trace.data.spans if s.parent_id == round_1.span_id)
