@@ -330,8 +330,13 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list")
+    runs = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list",
+                              filter_string="tags.`trace_dspy.kind` = 'compile'")
     assert len(runs) == 2
+    # Each compile also logged its two dev evaluations as child evaluation runs.
+    children = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list",
+                                  filter_string="tags.`trace_dspy.kind` = 'compile-evaluation'")
+    assert sorted(r.data.tags["mlflow.parentRunId"] for r in children) == sorted(2 * [r.info.run_id for r in runs])
     metrics = runs[0].data.metrics
     assert {"dev_before/empathy", "dev_after/empathy", "dev_delta/empathy"} <= set(metrics)
     params = json.dumps(runs[0].data.params)

@@ -78,7 +78,8 @@ def _state(tmp_path: Path) -> dict:
         champion = str(client.get_model_version_by_alias("trace-dspy", "champion").version)
     except Exception:
         champion = None
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string="tags.`trace_dspy.kind` = 'compile'")  # not its evaluation runs
     logged = {r.info.run_id: [a.path for a in client.list_artifacts(r.info.run_id, "artifact")] for r in runs}
     return {"saved": saved, "versions": versions, "champion": champion, "logged": logged, "client": client}
 
