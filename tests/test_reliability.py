@@ -630,8 +630,10 @@ def test_api_keys_never_reach_artifacts_mlflow_or_logs(tmp_path):
         server.server_close()
     (tmp_path / "commands.log").write_bytes(run.stdout + b"\n" + run.stderr)
     assert run.returncode == 0, run.stderr.decode()[-3000:]
-    # Both ran and logged to MLflow: compile prints "mlflow run: ID; registered ...", evaluate "mlflow run ID".
-    assert b"mlflow run: " in run.stdout and re.search(rb"^mlflow run [0-9a-f]{32}$", run.stdout, re.MULTILINE)
+    # Both ran and logged to MLflow: compile prints "mlflow run: ID; registered ...", evaluate
+    # "mlflow evaluation run ID".
+    assert b"mlflow run: " in run.stdout
+    assert re.search(rb"^mlflow evaluation run [0-9a-f]{32}$", run.stdout, re.MULTILINE)
     # The keys were live: the server saw both.
     assert {f"Bearer {custom_key}", f"Bearer {provider_key}"} <= set(handler.authorizations)
     manifest = json.loads((tmp_path / "artifacts/trace-dspy/v0001/manifest.json").read_text())
