@@ -206,3 +206,27 @@ def test_candidates_and_reflection_rounds_are_spans(tmp_path):
     assert round_1.outputs["round"] == 1 and "redo_from" in round_1.outputs
     # The audit's own LM call sits inside its round.
     assert any(s.name.startswith("lm ") for s in trace.data.spans if s.parent_id == round_1.span_id)
+
+
+def test_an_untraced_evaluation_still_gives_every_row_a_trace_and_its_scores(tmp_path, monkeypatch, capsys):
+    import mlflow
+
+    import trace_dspy.lm.specs as lms_module
+    from conftest import echo_reply
+    from trace_dspy.cli.evaluate import main
+    from trace_dspy.testing.fakes import fake_lm
+
+    lm, _ = fake_lm(echo_reply)
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["--no-trace", "--limit", "3", "--threads", "1", "--tracking-uri", uri, "--output-dir", "o"]) == 0
+    summary = json.loads((tmp_path / "o/summary.json").read_text())
+    mlflow.set_tracking_uri(uri)
+    run = mlflow.get_run(summary["mlflow"]["run_id"])
+    traces = mlflow.search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, return_type="list")
+    assert len(traces) == 3 and {t.info.experiment_id for t in traces} == {run.info.experiment_id}
+    for trace in traces:  # input and output only: the program ran without spans
+        assert [s.name for s in trace.data.spans] == ["trace_dspy"]
+        assert {a.name for a in trace.info.assessments} >= {"empathy", "relevance"}
+    assert summary["mlflow"]["scorer_means"]["empathy"] == pytest.approx(summary["summary"]["empathy"])

@@ -60,10 +60,12 @@ def row_scores(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _ensure_traces(rows: Sequence[dict[str, Any]]) -> None:
-    """Give every row a trace: rows evaluated without tracing get one holding their input and output."""
+def _ensure_traces(rows: Sequence[dict[str, Any]]) -> int:
+    """Give every row a trace: rows evaluated without tracing get one holding their input and output.
+    Returns how many traces it made."""
     import mlflow
 
+    made = 0
     for row in rows:
         if row.get("trace_id"):
             continue
@@ -72,6 +74,8 @@ def _ensure_traces(rows: Sequence[dict[str, Any]]) -> None:
             live.set_outputs(row.get("prediction") or {"error": row.get("error")})
             live.set_attribute("trace_dspy.note", "answered before tracing was on; no stage spans")
         row["trace_id"] = mlflow.get_last_active_trace_id()
+        made += 1
+    return made
 
 
 def dataset_identity(rows: Sequence[dict[str, Any]], dataset: dict[str, Any]) -> dict[str, Any]:
@@ -104,11 +108,13 @@ def logged_model_id(manifest: dict[str, Any]) -> str | None:
 
 
 def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
-                   model_id: str | None = None) -> dict[str, float]:
+                   model_id: str | None = None, flush: bool = True) -> dict[str, float]:
     """Log ``rows`` as an MLflow evaluation in the active run (one is started when none is active).
 
     ``dataset`` describes the items (``kind``, ``location``, ``fingerprint``, ``split``, ``view``,
     ``seed``); ``model_id`` links the run to a logged model. Returns the scorer means by scorer name.
+    ``flush`` first waits for MLflow's asynchronous trace writer (about a second, whatever the number
+    of traces); a caller logging several evaluations of traces made earlier flushes once itself.
     """
     import contextlib
     import io
@@ -124,8 +130,8 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
     rows = list(rows)
     if not rows:
         raise ValueError("no rows to log")
-    _ensure_traces(rows)
-    mlflow.flush_trace_async_logging()
+    if _ensure_traces(rows) or flush:
+        mlflow.flush_trace_async_logging()
     scores = {row["trace_id"]: row_scores(row) for row in rows}
     traces = [mlflow.get_trace(row["trace_id"]) for row in rows]
     if any(t is None for t in traces):

@@ -311,12 +311,15 @@ def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_ro
     from trace_dspy.store.evaluations import log_evaluation
     from trace_dspy.store.tracking import mlflow_run
 
+    import mlflow
+
     dataset = {**source.describe(), "split": "dev", "view": "longest", "seed": cfg.seed}
+    mlflow.flush_trace_async_logging()  # once for both (each flush waits about a second)
     for name, rows, linked in (("dev before", before_rows, None), ("dev after", after_rows, model_id)):
         try:
             with mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment, run_name=f"{cfg.name} {name}",
                             tags={"trace_dspy.kind": "compile-evaluation"}, nested=True):
-                log_evaluation(rows, dataset=dataset, model_id=linked)
+                log_evaluation(rows, dataset=dataset, model_id=linked, flush=False)
         except Exception as exc:  # noqa: BLE001 - the compile itself is saved and registered
             _log(f"WARNING: the {name} evaluation run was not logged ({type(exc).__name__}: {exc})")
 
