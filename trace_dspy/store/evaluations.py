@@ -113,8 +113,9 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
 
     ``dataset`` describes the items (``kind``, ``location``, ``fingerprint``, ``split``, ``view``,
     ``seed``); ``model_id`` links the run to a logged model. Returns the scorer means by scorer name.
-    ``flush`` first waits for MLflow's asynchronous trace writer (about a second, whatever the number
-    of traces); a caller logging several evaluations of traces made earlier flushes once itself.
+    ``flush`` first waits for MLflow's asynchronous trace writer (its worker stops on a one-second poll,
+    whatever the number of traces); a caller logging several evaluations of traces made earlier flushes
+    once itself.
     """
     import contextlib
     import io

@@ -314,7 +314,7 @@ def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_ro
     import mlflow
 
     dataset = {**source.describe(), "split": "dev", "view": "longest", "seed": cfg.seed}
-    mlflow.flush_trace_async_logging()  # once for both (each flush waits about a second)
+    mlflow.flush_trace_async_logging()  # once for both (each flush waits on the writer's one-second poll)
     for name, rows, linked in (("dev before", before_rows, None), ("dev after", after_rows, model_id)):
         try:
             with mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment, run_name=f"{cfg.name} {name}",
