@@ -67,6 +67,7 @@ def test_each_program_is_an_evaluation_run_with_one_traced_dialogue_per_item(com
             lm_spans = [s for s in trace.data.spans if s.name.startswith("lm ")]
             assert len(lm_spans) == 4  # one per stage call: the prompt in, the completion out
             assert all(s.inputs["messages"] and s.outputs for s in lm_spans)
+            assert all(s.attributes["mlflow.chat.tokenUsage"]["total_tokens"] > 0 for s in lm_spans)
             response = next(s for s in trace.data.spans if s.name == "response")
             assert response.outputs["response"] == by_id[trace.info.trace_id]["prediction"]["response"]
             # One assessment per metric part, with the row's own value.

@@ -126,6 +126,9 @@ def setup_logging(verbose: bool = False) -> None:
     import os
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true" if verbose else "false")
+    # Offline by default: MLflow would otherwise send usage telemetry over the network (a value the
+    # user set, or DO_NOT_TRACK, still wins).
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     offline_litellm()
     bars_only_on_terminals()
 

@@ -121,17 +121,19 @@ def lm_span_callback():
                 inputs=_plain({"messages": inputs.get("messages"), "prompt": inputs.get("prompt")}),
                 attributes=_plain({"model": getattr(instance, "model", ""),
                                    **{k: v for k, v in kwargs.items() if k in ("temperature", "max_tokens", "n")}}))
-            self.open[call_id] = (live, instance, len(getattr(instance, "history", []) or []))
+            self.open[call_id] = (live, instance, inputs.get("messages") or inputs.get("prompt"))
 
         def on_lm_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
             entry = self.open.pop(call_id, None)
             if entry is None:
                 return
-            live, instance, _ = entry
+            live, instance, asked = entry
+            # The LM's history is shared by threads: take the newest entry for this call's own messages.
             usage = {}
-            history = getattr(instance, "history", None) or []
-            if history:
-                usage = dict(history[-1].get("usage") or {})
+            for record in reversed((getattr(instance, "history", None) or [])[-32:]):
+                if asked is not None and (record.get("messages") or record.get("prompt")) == asked:
+                    usage = dict(record.get("usage") or {})
+                    break
             if usage:
                 live.set_attribute("mlflow.chat.tokenUsage", {
                     "input_tokens": int(usage.get("prompt_tokens") or 0),
