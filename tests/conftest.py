@@ -118,10 +118,11 @@ def echo_reply(outputs, inputs):
     return {}
 
 
-def compile_fast(tmp_path: Path, monkeypatch) -> str:
+def compile_fast(tmp_path: Path, monkeypatch, *, trace: bool = True) -> str:
     """One compile with a fake LM (and a key in the environment) into tmp_path; returns the tracking URI.
 
-    The artifact is tmp_path/artifacts/trace-dspy/v0001."""
+    The artifact is tmp_path/artifacts/trace-dspy/v0001. ``trace=False``: no evaluation runs (a few seconds
+    less, for tests about other things)."""
     import trace_dspy.lm.specs as lms_module
     from trace_dspy.cli.compile import main
 
@@ -134,5 +135,5 @@ def compile_fast(tmp_path: Path, monkeypatch) -> str:
     (tmp_path / "fast.toml").write_text(FAST_CONFIG)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--threads", "1",
-                 "--config", "fast.toml", "--tracking-uri", uri]) == 0
+                 "--config", "fast.toml", "--tracking-uri", uri, *([] if trace else ["--no-trace"])]) == 0
     return uri

@@ -20,6 +20,7 @@ from trace_dspy.bench.suite import (
 from trace_dspy.cli.bench import main
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.data.sources import load_test
+from conftest import FAST_CONFIG
 from trace_dspy.testing.fakes import ScriptedEngine, fake_lm, stage_of
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -66,8 +67,10 @@ def test_quality_bench_tables_intervals_charts_and_mlflow(tmp_path, monkeypatch,
     lm, engine = fake_lm(by_call)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
     monkeypatch.chdir(tmp_path)
+    # Model-free settings (no prior to fit on the ED pool, token-F1 similarity): the tables are the subject.
+    (tmp_path / "fast.toml").write_text(FAST_CONFIG)
     argv = ["--limit", "8", "--optimizers", "labeled", "--train", "4", "--dev", "4", "--output-dir", "out",
-            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+            "--config", "fast.toml", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     assert main(argv) == 0  # no sub-command: the quality bench
     out = capsys.readouterr().out
     for system in ("single_cot", "trace_paper", "trace", "compiled_labeled"):
@@ -167,8 +170,9 @@ def test_compile_bench_warm_rerun_is_served_from_the_cache(tmp_path, monkeypatch
     monkeypatch.setattr(lms_module, "build_lm",
                         lambda spec: dspy.LM("fake/scripted", engine=engine, cache=spec.cache))
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "fast.toml").write_text(FAST_CONFIG)  # the cache is the subject, not the prior's fit
     assert main(["compile", "--optimizer", "bootstrap", "--train", "4", "--dev", "4", "--output-dir", "out",
-                 "--no-mlflow"]) == 0
+                 "--config", "fast.toml", "--no-mlflow"]) == 0
     result = json.loads((tmp_path / "out/compile.json").read_text())["result"]
     assert result["cold"]["lm_calls"] > 0 and result["warm"]["lm_calls"] == 0
     assert result["warm"]["dev_after"] == result["cold"]["dev_after"]

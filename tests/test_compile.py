@@ -258,7 +258,7 @@ def test_a_collapsed_program_never_becomes_champion(fake_models, tmp_path, monke
 
     lm, _ = fake_lm(constant)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "4"]) == 0
+    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "4", "--no-trace"]) == 0
     out = capsys.readouterr().out
     assert "COLLAPSED" in out and "champion unchanged" in out
     assert registry.champion("trace-dspy", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}") is None
@@ -283,7 +283,7 @@ def test_a_program_worse_than_the_uncompiled_one_is_saved_but_not_champion_nor_d
 
     monkeypatch.setattr(workflow, "evaluate_program", worse_after)
     monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3"]) == 0
+    assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--no-trace"]) == 0
     captured = capsys.readouterr()
     assert "below the uncompiled program's" in captured.out + captured.err and "champion unchanged" in captured.out
     assert registry.champion("trace-dspy", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}") is None

@@ -59,7 +59,7 @@ def _compile(tmp_path: Path, step: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TRACE_DSPY_DATA", "MLFLOW_TRACKING_URI")}
     env.update(TRACE_DSPY_ARTIFACTS=str(tmp_path / "artifacts"), ORDER_LOG=str(tmp_path / "order.log"))
     argv = ["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--threads", "1",
-            "--config", "fast.toml", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+            "--config", "fast.toml", "--no-trace", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     return subprocess.run([sys.executable, str(tmp_path / "runner.py"), step, *argv], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
 

@@ -101,6 +101,9 @@ def test_the_comparison_is_paired_on_the_same_items(compared):
     ids = [[json.loads(line)["id"] for line in (out / f / "examples.jsonl").read_text().splitlines()]
            for f in ("default", "trace-dspy-v1")]
     assert sorted(ids[0]) == sorted(ids[1])
+    # The UI path of the dialogue-by-dialogue view names both runs.
+    runs = [json.loads((out / f / "summary.json").read_text())["mlflow"]["run_id"] for f in ("default", "trace-dspy-v1")]
+    assert f"evaluation-runs?selectedRunUuid={runs[1]}&compareToRunUuid={runs[0]}" in captured.out
 
 
 def test_tracing_is_off_unless_asked(tmp_path, monkeypatch):
@@ -231,3 +234,20 @@ def test_an_untraced_evaluation_still_gives_every_row_a_trace_and_its_scores(tmp
         assert [s.name for s in trace.data.spans] == ["trace_dspy"]
         assert {a.name for a in trace.info.assessments} >= {"empathy", "relevance"}
     assert summary["mlflow"]["scorer_means"]["empathy"] == pytest.approx(summary["summary"]["empathy"])
+
+
+def test_a_compile_without_traces_keeps_its_run_model_and_prompts(tmp_path, monkeypatch):
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = compile_fast(tmp_path, monkeypatch, trace=False)
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.get_experiment_by_name("trace-dspy")
+    runs = mlflow.search_runs(experiment_ids=[experiment.experiment_id], output_format="list")
+    assert [r.data.tags.get("trace_dspy.kind") for r in runs] == ["compile"]  # no evaluation runs
+    assert mlflow.search_traces(locations=[experiment.experiment_id], return_type="list") == []
+    manifest = json.loads((tmp_path / "artifacts/trace-dspy/v0001/manifest.json").read_text())
+    assert runs[0].data.metrics["dev_after/empathy"] == pytest.approx(manifest["scores"]["dev_after"]["empathy"])
+    assert manifest["config"]["run"]["trace"] is False
+    assert MlflowClient(tracking_uri=uri).get_model_version_by_alias("trace-dspy", "champion").source.startswith("models:/")
+    assert mlflow.genai.load_prompt("prompts:/trace-dspy.generate_response/1").tags["artifact_version"] == "trace-dspy@v1"

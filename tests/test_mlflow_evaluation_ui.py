@@ -75,7 +75,23 @@ def test_the_ui_compares_two_evaluation_runs_down_to_the_stage_spans(chromium, t
                                 f"?selectedEvaluationId={rows[0]['trace_id']}", shot, tmp_path,
                       [*STAGE_SPANS, "lm fake/scripted", rows[0]["prediction"]["response"]])
         _keep(shot, "mlflow-trace.png")
-        # 4. The Prompts page: each compiled stage instruction, tagged with its artifact version.
+        # 4. The two runs compared example by example: the same dialogue, both programs' replies side by side.
+        other = [json.loads(line) for line in (tmp_path / "cmp/default/examples.jsonl").read_text().splitlines()]
+        shot = tmp_path / "evaluation-compare.png"
+        text = render(chromium, f"{base}/evaluation-runs?selectedRunUuid={runs['default']}"
+                                f"&compareToRunUuid={runs['trace-dspy@v1']}", shot, tmp_path,
+                      ["Comparing", "evaluate default", "evaluate trace-dspy@v1", "4 of 4",
+                       *(r["trace_id"] for r in rows + other)], size=(2400, 1300))
+        # Each dialogue is one row holding both programs' traces: no other trace ID falls between the pair.
+        where = {r["trace_id"]: text.index(r["trace_id"]) for r in rows + other}
+        theirs_by_id = {r["id"]: r for r in other}
+        for mine in rows:
+            theirs = theirs_by_id[mine["id"]]
+            low, high = sorted((where[mine["trace_id"]], where[theirs["trace_id"]]))
+            assert not [t for t, at in where.items() if low < at < high]
+        assert text.count(json.dumps(other[0]["prediction"]["response"])[1:-1]) >= 2  # both replies
+        _keep(shot, "mlflow-evaluation-compare.png")
+        # 5. The Prompts page: each compiled stage instruction, tagged with its artifact version.
         shot = tmp_path / "prompts.png"
         render(chromium, f"{server.url}/#/prompts", shot, tmp_path,
                [f"trace-dspy.{stage}" for stage in ("recognize_emotion", "analyze_cause", "plan_strategy",

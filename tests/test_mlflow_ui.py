@@ -114,7 +114,8 @@ def page_text(dom: str) -> str:
     return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", dom)).split())
 
 
-def render(chromium: str, url: str, screenshot: Path, workdir: Path, expect: list[str], tries: int = 3) -> str:
+def render(chromium: str, url: str, screenshot: Path, workdir: Path, expect: list[str], tries: int = 3,
+           size: tuple[int, int] = (1400, 1800)) -> str:
     """The page's visible text after the app has drawn it; retried while an expected string is missing."""
     text = ""
     for attempt in range(tries):
@@ -122,7 +123,7 @@ def render(chromium: str, url: str, screenshot: Path, workdir: Path, expect: lis
         run = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
              "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--no-proxy-server", "--hide-scrollbars", f"--user-data-dir={profile}", "--window-size=1400,1800",
+             "--no-proxy-server", "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
              f"--virtual-time-budget={15000 * (attempt + 1)}", f"--screenshot={screenshot}", "--dump-dom", url],
             capture_output=True, text=True, timeout=180, check=False,
         )

@@ -28,7 +28,7 @@ PICKLE_SUFFIXES = (".pkl", ".pickle", ".cloudpickle", ".joblib")
 
 @pytest.fixture
 def compiled(tmp_path, monkeypatch):
-    return compile_fast(tmp_path, monkeypatch)
+    return compile_fast(tmp_path, monkeypatch, trace=False)
 
 
 def test_compile_registers_a_pyfunc_model_that_mlflow_loads_and_runs(compiled, tmp_path, monkeypatch):

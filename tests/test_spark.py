@@ -43,7 +43,7 @@ def test_a_spark_batch_keeps_every_row_in_order_with_error_rows(tmp_path, monkey
     _skip_without_spark()
     from trace_dspy.cli.respond import main
 
-    compile_fast(tmp_path, monkeypatch)
+    compile_fast(tmp_path, monkeypatch, trace=False)
     for var in ("TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV", "TRACE_DSPY_TIMEOUT",
                 "TRACE_DSPY_LM_CACHE", "SPARK_LOCAL_IP"):
         monkeypatch.delenv(var, raising=False)

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, help="parallel evaluation calls (default 4)")
     parser.add_argument("--registered-model", help="MLflow registered model (default trace-dspy)")
     parser.add_argument("--max-failure-rate", type=failure_rate, help="stop when more dev examples fail (default 0.5)")
+    parser.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
+                        help="log the dev evaluations before and after as MLflow evaluation runs, one trace per "
+                             "dialogue (default on; --no-trace keeps the run's metrics and writes no traces)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_data_args(parser)
     add_model_args(parser)
@@ -98,6 +101,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
         tracking_uri=args.tracking_uri,
         experiment=args.experiment,
         mlflow=not args.no_mlflow,
+        trace=args.trace,
         registered_model=args.registered_model or "trace-dspy",
         max_failure_rate=args.max_failure_rate if args.max_failure_rate is not None else 0.5,
         command="python -m trace_dspy.compile " + shlex.join(argv),

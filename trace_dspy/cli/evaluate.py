@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(programs) > 1:
         compare_dir = args.output_dir or Path("runs/compare") / run_key({"program": "compare", **base,
                                                                           "programs": programs})
-    results = {}
+    results, mlflow_runs = {}, {}
     for ref in programs:
         parts = {"program": ref, **base, "metric": metrics[ref].config.to_dict()}
         if compare_dir is not None:
@@ -144,16 +144,23 @@ def main(argv: list[str] | None = None) -> int:
         else:
             out_dir = args.output_dir or Path("runs/evaluate") / run_key(parts)
         code = _evaluate_one(args, argv, ref, loaded[ref], metrics[ref], source, examples, parts, out_dir, trace,
-                             results)
+                             results, mlflow_runs)
         if code:
             return code
     if compare_dir is not None:
         _print_comparison(args, argv, programs, results, base, compare_dir)
+        if programs[0] in mlflow_runs:
+            # The UI's dialogue-by-dialogue view of two evaluation runs (MLflow 3's Evaluation runs page).
+            experiment, first = mlflow_runs[programs[0]]
+            for ref in programs[1:]:
+                if ref in mlflow_runs:
+                    print(f"{ref} against {programs[0]} in the MLflow UI: #/experiments/{experiment}/evaluation-runs"
+                          f"?selectedRunUuid={mlflow_runs[ref][1]}&compareToRunUuid={first}")
     return 0
 
 
 def _evaluate_one(args, argv, ref: str, loaded, metric, source, examples, parts: dict, out_dir: Path, trace: bool,
-                  results: dict) -> int:
+                  results: dict, mlflow_runs: dict) -> int:
     """Evaluate one program, write its rows and summary, log its evaluation run; 0 or an exit status."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / "examples.jsonl"
@@ -197,6 +204,7 @@ def _evaluate_one(args, argv, ref: str, loaded, metric, source, examples, parts:
                 atomic_write_json(out_dir / "summary.json", record)
                 mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
                 print(f"mlflow evaluation run {run.info.run_id}")
+                mlflow_runs[ref] = (run.info.experiment_id, run.info.run_id)
     atomic_write_json(out_dir / "summary.json", record)
     return 0
 

@@ -46,6 +46,9 @@ class CompileConfig:
     tracking_uri: str | None = None
     experiment: str = DEFAULT_EXPERIMENT
     mlflow: bool = True
+    # Dev evaluations as MLflow evaluation runs with one trace per dialogue (needs ``mlflow``); off keeps
+    # the run's metrics, its files, the model and the prompts, and writes no traces.
+    trace: bool = True
     registered_model: str = "trace-dspy"
     max_failure_rate: float = 0.5
     command: str = ""
@@ -60,7 +63,7 @@ class CompileConfig:
             "optimizer": self.optimizer.settings(),
             "data": {"source": self.data, "train": self.train, "dev": self.dev, "val": self.val,
                      "seed": self.seed},
-            "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment,
+            "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment, "trace": self.trace,
                     "registered_model": self.registered_model, "max_failure_rate": self.max_failure_rate},
         }
 
@@ -124,7 +127,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             _log("1/4 evaluating the uncompiled program on dev")
             before = evaluate_program(program, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                       results_path=tmp / "dev_before.jsonl", max_failure_rate=cfg.max_failure_rate,
-                                      desc="dev before", trace=run is not None)
+                                      desc="dev before", trace=run is not None and cfg.trace)
             _log(f"2/4 compiling with {cfg.optimizer.name}")
             with dspy.context(lm=lms.default):
                 try:
@@ -142,7 +145,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
                                      results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
                                      desc="dev after", reference_dist2=before.summary.get("dist2"),
-                                     trace=run is not None)
+                                     trace=run is not None and cfg.trace)
             improved = not_worse_than_uncompiled(before.summary, after.summary)
             if after.summary.get("collapsed"):
                 _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
@@ -207,7 +210,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 mlflow.set_tag("trace_dspy.registry_version", str(registry_version))
                 # The dev evaluations as MLflow evaluation runs, and the compiled instructions as prompts
                 # (a failure here is reported, and the compile's result stands).
-                _log_evaluation_runs(cfg, source, before.rows, after.rows, model_info.model_id)
+                if cfg.trace:
+                    _log_evaluation_runs(cfg, source, before.rows, after.rows, model_info.model_id)
                 _register_prompts(cfg, compiled, final_manifest["version"])
                 # 4. promote, if it is not worse than the uncompiled program (nor collapsed) and beats the champion
                 promoted = improved and promote_if_better(
