@@ -104,16 +104,18 @@ def _select(cfg, program, metric, trainset, valset, prompt_lm):
     import contextlib
     import sys
 
-    optimizer = dspy.BootstrapFewShotWithRandomSearch(
-        metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos, max_labeled_demos=cfg.max_labeled_demos,
-        max_rounds=cfg.max_rounds, num_candidate_programs=cfg.select_candidates, num_threads=1)
-    # The optimizer reports its progress with print(); stdout is the command's result table. The compile
-    # prints the candidates' scores itself, so the optimizer's own lines show only with -v (DSPy at INFO).
+    # The optimizer reports its progress with print(), from its constructor on; stdout is the command's
+    # result table. The compile prints the candidates' scores itself, so the optimizer's own lines show only
+    # with -v (DSPy at INFO).
     import io
     import logging
 
     chatter = sys.stderr if logging.getLogger("dspy").isEnabledFor(logging.INFO) else io.StringIO()
     with contextlib.redirect_stdout(chatter):
+        optimizer = dspy.BootstrapFewShotWithRandomSearch(
+            metric=metric, max_bootstrapped_demos=cfg.max_bootstrapped_demos,
+            max_labeled_demos=cfg.max_labeled_demos, max_rounds=cfg.max_rounds,
+            num_candidate_programs=cfg.select_candidates, num_threads=1)
         best = optimizer.compile(program, trainset=trainset, valset=valset or trainset)
     kinds = {-3: "uncompiled", -2: "labeled", -1: "bootstrap"}
     candidates = sorted(getattr(best, "candidate_programs", []), key=lambda c: c["seed"])

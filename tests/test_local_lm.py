@@ -176,23 +176,23 @@ def test_deterministic_thread_safe_and_loaded_once(smol):
 
     # Greedy only: sampled Best-of-N candidates differ on purpose when a prompt repeats.
     program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))
-    dialogues = [DIALOGUE, "I finally finished my first marathon in Chicago!", "My best friend moved to Peru."]
+    dialogues = [DIALOGUE, "My best friend moved to Peru."]
     with dspy.context(lm=smol):
         sequential = [program(dialogue=d).toDict() for d in dialogues]
     # A second engine with the same settings shares the loaded model.
     other = local_lm(cache=False)
     results: dict[int, dict] = {}
 
-    def run(i):
+    def run(i):  # each dialogue once on each engine, all four at once
         with dspy.context(lm=other if i % 2 else smol):
-            results[i] = program(dialogue=dialogues[i % 3]).toDict()
+            results[i] = program(dialogue=dialogues[i // 2]).toDict()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [results[i] for i in range(6)] == sequential * 2
+    assert [results[i] for i in range(4)] == [sequential[0], sequential[0], sequential[1], sequential[1]]
     assert loaded_model_count() == 1
     # A pickled LM (as MLflow stores it) gives the same answers.
     clone = pickle.loads(pickle.dumps(smol))

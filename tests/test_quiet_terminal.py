@@ -35,4 +35,6 @@ def test_the_readme_commands_keep_the_terminal_quiet(tmp_path):
             assert run.returncode == 0, run.stderr[-3000:]
             noisy = [line for line in run.stderr.splitlines() if NOISE.search(line)]
             assert noisy == [], (argv[0], noisy)
+            # DSPy's optimizers print their progress (from their constructors on); only -v shows it.
+            assert "Will attempt to bootstrap" not in run.stdout + run.stderr, argv[0]
     assert "dog died yesterday" in run.stdout  # the reply itself reached stdout
