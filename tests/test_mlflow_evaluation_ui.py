@@ -1,10 +1,11 @@
 """The MLflow UI, in a real browser, shows two programs' evaluations side by side: the Evaluation runs
-page with both runs, their dataset and scorer means; one run's traces, one per dialogue; a trace's
-stage spans; and the compiled stage prompts on the Prompts page.
+page with both runs, their dataset and scorer means; the two runs compared dialogue by dialogue; one
+run's traces, one per dialogue; a trace's stage spans; and the compiled stage prompts on the Prompts page.
 
 Marked ``browser`` (see tests/test_mlflow_ui.py for how Chromium renders the React pages). The
 screenshots go to the test's temp dir; with ``TRACE_DSPY_SCREENSHOTS=<folder>`` they are also copied
-there (that is how docs/mlflow-evaluation-runs.png and docs/mlflow-trace.png are made).
+there (that is how docs/mlflow-evaluation-runs.png, docs/mlflow-evaluation-compare.png and
+docs/mlflow-trace.png are made).
 """
 
 from __future__ import annotations
