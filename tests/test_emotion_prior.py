@@ -105,9 +105,11 @@ def test_candidate_list_format_is_what_the_grammar_reads():
 
 
 def test_config_switch_is_checked():
-    assert ProgramConfig().prior_k == 5
+    assert ProgramConfig().prior_k == "auto"
     with pytest.raises(ConfigError, match="prior_k"):
         ProgramConfig(prior_k=9)
+    with pytest.raises(ConfigError, match="prior_k"):
+        ProgramConfig(prior_k="most")
     with pytest.raises(ConfigError, match="prior_k"):
         ProgramConfig(prior_k=True)
     off = TraceProgram(ProgramConfig(prior_k=0))
@@ -194,3 +196,31 @@ def test_artifacts_carry_the_prior_and_old_ones_load_without(prior, tmp_path, mo
     assert "emotion_candidates" not in old_program.recognize_emotion.signature.input_fields
     with dspy.context(lm=lm):
         assert old_program(dialogue="Speaker: I cried.").emotion_path == "lm (prior off: prior_k = 0)"
+
+
+def test_auto_k_lets_the_prior_decide_on_a_constrained_model_and_hints_elsewhere(prior, monkeypatch):
+    import trace_dspy.program.pipeline as pipeline
+
+    monkeypatch.setattr(ep, "default_encoder", lambda: fake_encode)
+    program = TraceProgram(ProgramConfig(), emotion_prior=prior)  # prior_k = "auto"
+    dialogue = "Speaker: We went to the funeral today and I cried so much."
+    top = prior.candidates(dialogue, 1, fake_encode)[0][0]
+    lm, engine = fake_lm()
+    with dspy.context(lm=lm):  # a capable (unconstrained) LM: five candidates as a hint, and the LM decides
+        out = program(dialogue=dialogue)
+    (emotion_call,) = [c for c in engine.calls if "emotion" in c.outputs and "response" not in c.outputs]
+    offered = emotion_call.inputs["emotion_candidates"].count("%")
+    assert offered == min(5, len(prior.labels)) > 1 and out.emotion_path == "prior+lm (top 5)"
+    # A grammar-constrained small model: the one candidate is the answer, and the emotion stage makes no call.
+    monkeypatch.setattr(pipeline, "is_constrained", lambda lm: True)
+    lm, engine = fake_lm(lambda outputs, inputs: {"emotion": "joyful"} if "emotion" in outputs else {})
+    with dspy.context(lm=lm):
+        out = program(dialogue=dialogue)
+    assert out.emotion == top and out.emotion_path.startswith("prior (top 1")
+    assert out.emotion_candidates.count("%") == 1
+    assert not [c for c in engine.calls if "emotion" in c.outputs and "response" not in c.outputs]
+    assert any("cause_summary" in c.outputs for c in engine.calls)  # the later stages still ran
+    # With a reasoning field the stage has more to write than the label: the LM is still asked.
+    reasoning = TraceProgram(ProgramConfig(reasoning=("recognize_emotion",)), emotion_prior=prior)
+    with dspy.context(lm=lm):
+        assert reasoning(dialogue=dialogue).emotion_path == "prior+lm (top 1)"

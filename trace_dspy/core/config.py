@@ -24,6 +24,11 @@ MAX_PRIOR_K = 8
 MAX_BEST_OF = 8
 # best_of = "auto" on the embedded model: +0.058 [+0.031, +0.088] composite over one reply on 50 ED items.
 AUTO_BEST_OF = 4
+# prior_k = "auto": on the embedded model the prior's first label alone beats the LM choosing among the top 2, 3
+# or 5 (300 ED items: 0.413 / 0.673 against 0.390 / 0.653 for top 5; docs/benchmarks.md, issue 16), so a
+# grammar-constrained small model gets 1 candidate (and is not asked: it could only repeat it); other LMs
+# get 5 as a hint.
+AUTO_PRIOR_K = {"constrained": 1, "other": 5}
 
 
 class ConfigError(ValueError):
@@ -85,7 +90,11 @@ class ProgramConfig:
     prior_k: how many candidate labels the fitted emotion prior (see
         trace_dspy.program.emotion_prior) offers ``recognize_emotion``, with their
         probabilities; a grammar-constrained engine may only choose among them.
-        0 turns the prior off. Artifacts saved before the prior existed load with 0.
+        0 turns the prior off. ``auto`` (the default): 1 for a grammar-constrained
+        small model (the embedded one), where the prior's first label was measured
+        to beat the LM's choice, 5 for other LMs. With one candidate on a
+        constrained engine the stage takes it without an LM call. Artifacts saved
+        before the prior existed load with 0.
     best_of: how many reply candidates the reply stage may write: the first as
         the LM is configured (greedy by default), the others by ``dspy.BestOfN``
         at temperature 1.0 (min-p 0.3 on the embedded engine: ``[lm.local]
@@ -107,7 +116,7 @@ class ProgramConfig:
     disabled: tuple[str, ...] = ()
     adapter: str = "auto"
     reply_format: str = "auto"
-    prior_k: int = 5
+    prior_k: int | str = "auto"
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
     reply_exemplars: bool = True
@@ -126,8 +135,10 @@ class ProgramConfig:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
         if self.reply_format not in REPLY_FORMATS:
             raise ConfigError(f"reply_format must be one of {', '.join(REPLY_FORMATS)}, not {self.reply_format!r}")
-        if isinstance(self.prior_k, bool) or not isinstance(self.prior_k, int) or not 0 <= self.prior_k <= MAX_PRIOR_K:
-            raise ConfigError(f"prior_k must be an integer from 0 (prior off) to {MAX_PRIOR_K}, not {self.prior_k!r}")
+        if self.prior_k != "auto" and (isinstance(self.prior_k, bool) or not isinstance(self.prior_k, int)
+                                       or not 0 <= self.prior_k <= MAX_PRIOR_K):
+            raise ConfigError(f"prior_k must be 'auto' or an integer from 0 (prior off) to {MAX_PRIOR_K}, "
+                              f"not {self.prior_k!r}")
         if self.best_of != "auto" and (isinstance(self.best_of, bool) or not isinstance(self.best_of, int)
                                        or not 1 <= self.best_of <= MAX_BEST_OF):
             raise ConfigError(f"best_of must be 'auto' or an integer from 1 to {MAX_BEST_OF}, not {self.best_of!r}")

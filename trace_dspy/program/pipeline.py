@@ -45,7 +45,7 @@ def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
             for name in names:
                 if name in sig.input_fields:
                     sig = sig.delete(name)
-    if stage == "recognize_emotion" and config.prior_k > 0:
+    if stage == "recognize_emotion" and config.prior_k != 0:
         sig = sig.append("emotion_candidates", dspy.InputField(desc=_CANDIDATES_DESC), type_=str)
     if stage == "analyze_cause" and config.commonsense:
         sig = sig.append("commonsense", dspy.InputField(desc=_COMMONSENSE_DESC), type_=str)
@@ -100,7 +100,7 @@ class TraceProgram(dspy.Module):
         predictor = getattr(self, "recognize_emotion", None)
         if predictor is None:
             return
-        want = self.config.prior_k > 0 and prior is not None
+        want = self.config.prior_k != 0 and prior is not None
         has = "emotion_candidates" in predictor.signature.input_fields
         if want and not has:
             predictor.signature = predictor.signature.append(
@@ -174,8 +174,24 @@ class TraceProgram(dspy.Module):
         hits = self.retriever.search(dialogue, emotion=emotion, k=cfg.k, filter_by_group=cfg.filter_by_group)
         return [format_exemplar(h) for h in hits]
 
-    def emotion_path(self) -> str:
-        """Which way the emotion is decided: ``prior+lm``, or ``lm`` and why the prior is not used."""
+    def prior_k(self, lm=None) -> int:
+        """Candidates the prior offers for ``lm`` (``auto`` resolved: 1 for a constrained small model)."""
+        if self.config.prior_k == "auto":
+            from trace_dspy.core.config import AUTO_PRIOR_K
+
+            return AUTO_PRIOR_K["constrained" if lm is not None and is_constrained(lm) else "other"]
+        return self.config.prior_k
+
+    def _emotion_lm(self):
+        return self._stage_lms.get("recognize_emotion") or dspy.settings.lm
+
+    def _prior_decides(self, lm) -> bool:
+        """One candidate, a grammar that could only write it, and no other output: no LM call is needed."""
+        return (self.prior_k(lm) == 1 and lm is not None and is_constrained(lm)
+                and list(self.recognize_emotion.signature.output_fields) == ["emotion"])
+
+    def emotion_path(self, lm=None) -> str:
+        """Which way the emotion is decided: ``prior``, ``prior+lm``, or ``lm`` and why the prior is not used."""
         if self.config.prior_k == 0:
             return "lm (prior off: prior_k = 0)"
         if self.emotion_prior is None:
@@ -184,7 +200,9 @@ class TraceProgram(dspy.Module):
             self._encoder()
         except Exception as exc:  # PriorError: the embed extra is missing
             return f"lm ({exc})"
-        return f"prior+lm (top {self.config.prior_k})"
+        if self._prior_decides(lm):
+            return "prior (top 1; a constrained LM could only repeat it, so it is not asked)"
+        return f"prior+lm (top {self.prior_k(lm)})"
 
     def _encoder(self):
         if self._prior_encoder is None:
@@ -195,12 +213,13 @@ class TraceProgram(dspy.Module):
 
     def emotion_candidates(self, dialogue: str) -> tuple[str, str]:
         """The prior's candidates as the stage's field value (empty without a usable prior) and the path taken."""
-        path = self.emotion_path()
+        lm = self._emotion_lm()
+        path = self.emotion_path(lm)
         if not path.startswith("prior"):
             return "", path
         from trace_dspy.program.emotion_prior import format_candidates
 
-        return format_candidates(self.emotion_prior.candidates(dialogue, self.config.prior_k, self._encoder())), path
+        return format_candidates(self.emotion_prior.candidates(dialogue, self.prior_k(lm), self._encoder())), path
 
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
         with spans.span("trace_dspy", inputs={"dialogue": dialogue}) as root:
@@ -254,6 +273,14 @@ class TraceProgram(dspy.Module):
     def _call(self, stage: str, state: dict):
         predictor = getattr(self, stage)
         inputs = {name: state[name] for name in predictor.signature.input_fields}
+        if (stage == "recognize_emotion" and inputs.get("emotion_candidates")
+                and self._prior_decides(self._emotion_lm())):
+            from trace_dspy.lm.engine import listed_choices
+
+            labels = listed_choices("[[ ## emotion_candidates ## ]]\n" + inputs["emotion_candidates"],
+                                    "emotion_candidates")
+            if len(labels) == 1:
+                return dspy.Prediction(emotion=labels[0])
         with self._stage_context(stage):
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
                 result, rewards = self._best_reply(predictor, inputs)
