@@ -369,6 +369,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "with_reflection": {"reflection": True},
     "fields_reply": {"reply_format": "fields"},  # the reply stage in the field layout (the default before "auto")
     "no_prior": {"prior_k": 0},  # the emotion stage without the fitted prior's candidates
+    "prior_top5": {"prior_k": 5},  # the LM chooses among 5 candidates everywhere (the default before "auto")
     "best_of_1": {"best_of": 1},  # one reply (the default before best_of = "auto")
     "best_of_2": {"best_of": 2},  # up to 2 reply candidates, the best by the reference-free metric
     "best_of_4": {"best_of": 4},  # what "auto" gives the embedded model
