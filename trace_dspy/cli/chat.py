@@ -31,11 +31,10 @@ from typing import Any
 from trace_dspy.cli.common import (
     add_model_args,
     add_trace_arg,
+    enter_tracing,
     fail,
     settings_from_args,
     setup_logging,
-    trace_requested,
-    traced,
 )
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError
@@ -221,10 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         print("Type the speaker's turn and press Enter; /help lists the commands, Ctrl-D leaves.")
     session = ChatSession(loaded.program, lm, show_stages=args.show_stages)
     with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(traced(trace_requested(args, settings)))
-        except Exception as exc:  # noqa: BLE001 - an unusable tracking store
-            return fail(f"--trace: the tracking store is not usable: {type(exc).__name__}: {exc}")
+        code = enter_tracing(stack, args, settings)
+        if code is not None:
+            return code
         return Repl(session, interactive=interactive).run()
 
 

@@ -78,6 +78,16 @@ def trace_requested(args: argparse.Namespace, settings: Settings) -> bool:
     return bool(getattr(args, "trace", False)) or bool((settings.raw.get("tracing") or {}).get("enabled"))
 
 
+def enter_tracing(stack: contextlib.ExitStack, args: argparse.Namespace, settings: Settings) -> int | None:
+    """Trace inside ``stack`` when ``--trace`` or ``[tracing]`` asks for it; an exit status if the store is not
+    usable, else None."""
+    try:
+        stack.enter_context(traced(trace_requested(args, settings)))
+    except Exception as exc:  # noqa: BLE001 - an unusable tracking store
+        return fail(f"--trace: the tracking store is not usable: {type(exc).__name__}: {exc}")
+    return None
+
+
 @contextlib.contextmanager
 def traced(enabled: bool):
     """Inside the block the program records MLflow traces (when ``enabled``); on the way out the ids of

@@ -98,9 +98,9 @@ def _prior_line(prior: dict[str, Any] | None, program: dict[str, Any]) -> str:
     if not prior or not prior.get("file"):
         reason = (prior or {}).get("reason", "none was fitted")
         return f"LM alone (prior_k {k}, but {reason})"
-    if k == "auto":
-        k = "1 (embedded model: the prior decides) or top 5"
-    return (f"prior top {k} + LM; prior dev accuracy {_num(prior.get('dev_accuracy'))} "
+    how = ("the prior decides on the embedded model, top 5 + LM elsewhere" if k == "auto"
+           else f"prior top {k} + LM")
+    return (f"{how}; prior dev accuracy {_num(prior.get('dev_accuracy'))} "
             f"(group {_num(prior.get('dev_group_accuracy'))}, top-3 {_num(prior.get('dev_top3'))}) "
             f"on {prior.get('dev_samples')} dev items, fitted on {prior.get('train_samples')}")
 

@@ -27,11 +27,10 @@ import dspy
 from trace_dspy.cli.common import (
     add_model_args,
     add_trace_arg,
+    enter_tracing,
     fail,
     settings_from_args,
     setup_logging,
-    trace_requested,
-    traced,
 )
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
@@ -133,10 +132,9 @@ def _run(args: argparse.Namespace) -> int:
         return fail(str(exc))
 
     with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(traced(trace_requested(args, settings)))
-        except Exception as exc:  # noqa: BLE001 - an unusable tracking store
-            return fail(f"--trace: the tracking store is not usable: {type(exc).__name__}: {exc}")
+        code = enter_tracing(stack, args, settings)
+        if code is not None:
+            return code
         return _answer(args, message, program, default_lm)
 
 

@@ -33,6 +33,7 @@ _COMMONSENSE_DESC = "Commonsense inferences about the speaker (intent, need, wan
 _CANDIDATES_DESC = ("The emotions a classifier fitted on past conversations finds most likely, with their "
                     "probabilities; usually one of them is right. Empty when no classifier is available.")
 _NOTE_DESC = "An audit's note on an earlier attempt at this stage; empty on the first attempt."
+_PRIOR_DECIDES = "prior (top 1; a constrained LM could only repeat it, so it is not asked)"
 _ATOMIC = (("x_intent", "xIntent"), ("x_need", "xNeed"), ("x_want", "xWant"), ("x_effect", "xEffect"),
            ("x_react", "xReact"))
 
@@ -201,7 +202,7 @@ class TraceProgram(dspy.Module):
         except Exception as exc:  # PriorError: the embed extra is missing
             return f"lm ({exc})"
         if self._prior_decides(lm):
-            return "prior (top 1; a constrained LM could only repeat it, so it is not asked)"
+            return _PRIOR_DECIDES
         return f"prior+lm (top {self.prior_k(lm)})"
 
     def _encoder(self):
@@ -211,15 +212,13 @@ class TraceProgram(dspy.Module):
             self._prior_encoder = default_encoder()
         return self._prior_encoder
 
-    def emotion_candidates(self, dialogue: str) -> tuple[str, str]:
-        """The prior's candidates as the stage's field value (empty without a usable prior) and the path taken."""
+    def emotion_candidates(self, dialogue: str) -> tuple[list[tuple[str, float]], str]:
+        """The prior's candidates with their probabilities (none without a usable prior) and the path taken."""
         lm = self._emotion_lm()
         path = self.emotion_path(lm)
         if not path.startswith("prior"):
-            return "", path
-        from trace_dspy.program.emotion_prior import format_candidates
-
-        return format_candidates(self.emotion_prior.candidates(dialogue, self.prior_k(lm), self._encoder())), path
+            return [], path
+        return self.emotion_prior.candidates(dialogue, self.prior_k(lm), self._encoder()), path
 
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
         with spans.span("trace_dspy", inputs={"dialogue": dialogue}) as root:
@@ -233,7 +232,14 @@ class TraceProgram(dspy.Module):
                        "revision_note": ""}
         outputs: dict = {}
         with spans.span("emotion prior", inputs={"dialogue": state["dialogue"]}) as sp:
-            state["emotion_candidates"], outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
+            candidates, outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
+            state["emotion_candidates"] = ""
+            if candidates:
+                from trace_dspy.program.emotion_prior import format_candidates
+
+                state["emotion_candidates"] = format_candidates(candidates)
+            if outputs["emotion_path"] == _PRIOR_DECIDES:  # the emotion stage takes it without an LM call
+                state["prior_label"] = candidates[0][0]
             sp.set_outputs({"candidates": state["emotion_candidates"], "path": outputs["emotion_path"]})
         if state["emotion_candidates"]:
             outputs["emotion_candidates"] = state["emotion_candidates"]
@@ -273,14 +279,8 @@ class TraceProgram(dspy.Module):
     def _call(self, stage: str, state: dict):
         predictor = getattr(self, stage)
         inputs = {name: state[name] for name in predictor.signature.input_fields}
-        if (stage == "recognize_emotion" and inputs.get("emotion_candidates")
-                and self._prior_decides(self._emotion_lm())):
-            from trace_dspy.lm.engine import listed_choices
-
-            labels = listed_choices("[[ ## emotion_candidates ## ]]\n" + inputs["emotion_candidates"],
-                                    "emotion_candidates")
-            if len(labels) == 1:
-                return dspy.Prediction(emotion=labels[0])
+        if stage == "recognize_emotion" and state.get("prior_label"):
+            return dspy.Prediction(emotion=state["prior_label"])
         with self._stage_context(stage):
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
                 result, rewards = self._best_reply(predictor, inputs)
