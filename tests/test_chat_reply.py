@@ -98,7 +98,7 @@ def test_reply_format_is_validated_and_recorded():
     assert ProgramConfig().reply_format == "auto"
 
 
-def test_auto_picks_chat_for_a_constrained_model_and_fields_otherwise():
+def test_auto_picks_a_chat_layout_for_a_constrained_model_and_fields_otherwise():
     from trace_dspy.lm.specs import GrammarLM
 
     program = TraceProgram()
@@ -106,7 +106,7 @@ def test_auto_picks_chat_for_a_constrained_model_and_fields_otherwise():
     assert program.reply_format(lm) == "fields"
     assert program.reply_format(None) == "fields"
     constrained = GrammarLM.__new__(GrammarLM)  # no connection needed to ask its kind
-    assert program.reply_format(constrained) == "chat"
+    assert program.reply_format(constrained) == "scaffold"
     assert TraceProgram(ProgramConfig(reply_format="fields")).reply_format(constrained) == "fields"
 
 
@@ -178,3 +178,84 @@ def test_tidy_text(raw, prose):
     from trace_dspy.lm.adapters import tidy_text
 
     assert tidy_text(raw) == prose
+
+
+# ---------------------------------------------------------------- the scaffolded reply
+
+
+@pytest.mark.parametrize(("plan", "candidate", "openers"), [
+    (("EX", "ER"), 0, ["That sounds", "How are you feeling"]),  # the question goes last
+    (("IP", "EX"), 0, ["You must be feeling", "How are you feeling"]),
+    (("ER", "IP"), 1, ["Oh, that is", "I can imagine how"]),  # a further candidate: the next openers
+    (("IP", "IP"), 0, ["You must be feeling", "I can imagine how"]),  # one mechanism: two of its sentences
+    (("EX", "EX"), 0, ["That sounds", "How are you feeling"]),  # questions only: acknowledge first
+    ((None, None), 2, ["I'm so", "How did"]),  # no plan (strategy stage off)
+    (("ER", "EX"), 3, ["That sounds", "How are you feeling"]),  # the openers come round again
+])
+def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
+    from trace_dspy.lm.adapters import scaffold_openers
+
+    assert scaffold_openers({"strategy": plan[0], "secondary_strategy": plan[1]}, candidate) == openers
+
+
+def _continuing(prefills: list):
+    """A writer that goes on from each opener, one sentence and then some words a reply must not keep."""
+    goes_on = {"That sounds": " awful, losing it on the bus. Anyway the bus", "How are you feeling": " about it now? I",
+               "Oh, that is": ".", "What happened": " to your wallet after that? Tell"}
+
+    def responder(outputs, inputs):
+        if "prefill" not in inputs:  # another stage: the default answers
+            return {}
+        prefills.append(inputs["prefill"])
+        opener = next(o for o in goes_on if inputs["prefill"].endswith(o))
+        return {"response": goes_on[opener]}
+    return responder
+
+
+def test_the_scaffolded_reply_is_one_continued_sentence_per_mechanism():
+    prefills: list = []
+    lm, engine = fake_lm(_continuing(prefills))
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
+    assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
+    # The second sentence continues after the first: both are in its prefill.
+    assert prefills == ["That sounds", "That sounds awful, losing it on the bus. How are you feeling"]
+    last = lm.history[-1]["messages"]
+    assert [m["role"] for m in last][-2:] == ["user", "assistant"]
+    assert last[0]["content"] == "You are a caring friend. Answer the person in one or two short sentences of your own."
+    assert lm.history[-1]["kwargs"]["max_tokens"] <= 32 and lm.history[-1]["kwargs"]["stop"] == ["\n"]
+
+
+def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary():
+    from trace_dspy.lm.adapters import scaffold_openers
+
+    prefills: list = []
+    lm, _ = fake_lm(_continuing(prefills))
+    inputs = reply_inputs(strategy="EX", secondary_strategy="EX")
+    assert scaffold_openers(inputs, 1) == ["Oh, that is", "What happened"]
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)):  # BestOfN's first sample
+        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    assert pred.response == "What happened to your wallet after that?"
+    assert prefills == ["Oh, that is", "What happened"]
+
+
+def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():
+    prefills: list = []
+    lm, engine = fake_lm(_continuing(prefills), strategy="EX", secondary_strategy="ER")
+    program = TraceProgram(ProgramConfig(reply_format="scaffold", best_of=2, best_of_threshold=1.0))
+    program.reward_fn = lambda inputs, pred: 0.9 if pred.response.startswith("What happened") else 0.5
+    with dspy.context(lm=lm):
+        pred = program(dialogue=DIALOGUE)
+    assert pred.response == "What happened to your wallet after that?"  # the sampled candidate scored higher
+    assert pred.reply_rewards == [0.5, 0.9]
+    assert prefills[0] == "That sounds" and "Oh, that is" in prefills
+
+
+def test_auto_picks_the_scaffold_for_a_constrained_model():
+    from trace_dspy.lm.specs import GrammarLM
+
+    constrained = GrammarLM.__new__(GrammarLM)
+    assert TraceProgram().reply_format(constrained) == "scaffold"
+    assert TraceProgram(ProgramConfig(reply_format="chat")).reply_format(constrained) == "chat"

@@ -159,8 +159,9 @@ def test_program_runs_on_the_embedded_model(smol):
     engine = smol.engine
     before = engine.stats.calls
     with dspy.context(lm=smol, track_usage=True):
-        pred = TraceProgram(ProgramConfig(best_of=1))(dialogue=DIALOGUE)  # one call per stage
-    assert engine.stats.calls - before == 4
+        pred = TraceProgram(ProgramConfig(best_of=1))(dialogue=DIALOGUE)
+    # One call per analysis stage; the scaffolded reply (auto on this model) is one call per sentence.
+    assert engine.stats.calls - before == 5
     assert pred.emotion in EMOTIONS and pred.cause_category in CAUSE_CATEGORIES
     assert pred.strategy in STRATEGIES and pred.secondary_strategy in STRATEGIES
     assert pred.response.strip()
@@ -352,3 +353,24 @@ def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
                 assert label in candidates
                 seen.add(label)
     assert len(seen) >= 2
+
+
+@pytest.mark.slow
+def test_a_last_assistant_message_is_continued_as_a_prefill(local_model):
+    """The scaffolded reply begins the answer itself; the engine must go on from that text, as llama.cpp's
+    server does, and return only what the model added."""
+    from trace_dspy.lm.specs import local_lm
+
+    lm = local_lm(cache=False)
+    chat = [{"role": "system", "content": "You are a caring friend."},
+            {"role": "user", "content": "I failed my driving test again."}]
+    continued = lm(messages=[*chat, {"role": "assistant", "content": "You must be feeling"}],
+                   temperature=0.0, max_tokens=12)[0]
+    model = lm.engine._model()
+    with model.lock:
+        prompt = model.formatter(messages=chat).prompt + "You must be feeling"
+        model.llama.reset()
+        raw = model.llama.create_completion(prompt=prompt, temperature=0.0, max_tokens=12,
+                                            stop=list(model.formatter(messages=chat).stop))
+    assert continued == raw["choices"][0]["text"]
+    assert continued.strip() and not continued.lstrip().startswith("You must")

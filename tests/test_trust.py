@@ -294,10 +294,10 @@ class Flaky:
         self.inner = ScriptedEngine(echo)
         self.healed = False
 
-    def reply_text(self, system, user):
+    def reply_text(self, system, user, prefill=""):
         if not self.healed:
             return "lorem ipsum, nothing a parser can read"
-        return self.inner.reply_text(system, user)
+        return self.inner.reply_text(system, user, prefill=prefill)
 
 
 def test_failed_rows_are_asked_again_past_the_cache(tmp_path, no_cache_isolation, monkeypatch):

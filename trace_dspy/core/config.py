@@ -19,7 +19,7 @@ from trace_dspy.core.stages import (  # the stage registry
 )
 
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
-REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat")
+REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold")
 MAX_PRIOR_K = 8
 MAX_BEST_OF = 8
 # best_of = "auto" on the embedded model: +0.058 [+0.031, +0.088] composite over one reply on 50 ED items.

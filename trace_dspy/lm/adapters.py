@@ -107,6 +107,49 @@ def is_reply_signature(signature) -> bool:
 
 LISTENER_ROLE = "You are a caring friend. Answer the person in one or two short sentences of your own."
 
+# The scaffolded reply (reply_format "scaffold"): one sentence per planned mechanism, each begun with an
+# opener the model goes on from. Asked for a whole reply, SmolLM2-135M mostly answers "I'm sorry for your
+# loss." whatever happened (docs/benchmarks.md, "Scaffolded replies"); begun with "You must be feeling" it
+# names a fitting feeling itself ("... really disappointed." to a failed driving test). The first opener of
+# each mechanism is the first reply's; further candidates (rollout 1, 2, ...) take the next ones.
+SCAFFOLD_OPENERS = {
+    "ER": ("That sounds", "Oh, that is", "I'm so"),
+    "IP": ("You must be feeling", "I can imagine how", "It must be"),
+    "EX": ("How are you feeling", "What happened", "How did"),
+}
+SCAFFOLD_SENTENCE_TOKENS = 32
+
+
+def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
+    """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
+
+    The planned mechanisms in order, the question (EX) last. A plan of one mechanism writes two of its
+    sentences; a plan of questions only, or none (the strategy stage off), acknowledges first (ER).
+    """
+    kinds = list(dict.fromkeys(s for s in (inputs.get("strategy"), inputs.get("secondary_strategy"))
+                               if s in SCAFFOLD_OPENERS))
+    if kinds in ([], ["EX"]):
+        kinds = ["ER", "EX"]
+    elif len(kinds) == 1:
+        kinds = kinds * 2
+    kinds.sort(key=lambda kind: kind == "EX")
+    openers = []
+    for slot, kind in enumerate(kinds):
+        options = SCAFFOLD_OPENERS[kind]
+        repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
+        openers.append(options[(candidate + repeat) % len(options)])
+    return openers
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a completion, cleaned as a reply is (one line, no role prefix, no loop)."""
+    cleaned = clean_reply(text)
+    found = _SENTENCE.findall(cleaned)
+    sentence = (found[0] if found else cleaned).strip()
+    if sentence and sentence[-1] not in ".!?":
+        sentence += "."
+    return sentence
+
 
 def plan_in_words(inputs: dict) -> str:
     """The plan of the earlier stages as one plain instruction.
@@ -204,15 +247,38 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     formatted as by DSPy's ChatAdapter.
     """
 
-    def __init__(self, *args, exemplars: bool = False, **kwargs):
+    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.exemplars = exemplars
+        self.scaffold = scaffold
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         if is_reply_signature(signature):
             lm_kwargs = {**lm_kwargs, "stop": ["\n"], "max_tokens": min(lm_kwargs.get("max_tokens") or REPLY_MAX_TOKENS,
                                                         REPLY_MAX_TOKENS)}
+            if self.scaffold:
+                return self._scaffolded(lm, lm_kwargs, signature, demos, inputs)
         return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+
+    def _scaffolded(self, lm, lm_kwargs, signature, demos, inputs):
+        """One LM call per sentence: each continues its opener after the sentences written so far."""
+        from dspy.clients._deprecation import adapter_message_call
+
+        messages = self.format(signature, demos, inputs)
+        # dspy.BestOfN numbers its samples by rollout id from 0; the first reply (no rollout id) is candidate 0.
+        rollout = lm_kwargs.get("rollout_id", lm.kwargs.get("rollout_id"))
+        candidate = 0 if rollout is None else int(rollout) + 1
+        kwargs = {**lm_kwargs, "max_tokens": min(lm_kwargs["max_tokens"], SCAFFOLD_SENTENCE_TOKENS)}
+        said: list[str] = []
+        for opener in scaffold_openers(inputs, candidate):
+            call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
+            with adapter_message_call(lm, call):
+                outputs = lm(messages=call, **kwargs)
+            text = outputs[0].get("text") if isinstance(outputs[0], dict) else outputs[0]
+            sentence = first_sentence(f"{opener}{text or ''}")
+            if len(_REPLY_WORD.findall(sentence)) > len(_REPLY_WORD.findall(opener)) + 1:
+                said.append(sentence)  # an opener the model did not go on from is left out
+        return self._call_postprocess(signature, signature, [" ".join(said)], lm, lm_kwargs)
 
     def format(self, signature, demos, inputs):
         if not is_reply_signature(signature):
@@ -223,7 +289,8 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         instructions = textwrap.dedent(signature.instructions).strip()
         stock = textwrap.dedent(_stock_instructions()).strip()
         lead = LISTENER_ROLE if instructions == stock else instructions
-        system = f"{lead} {plan_in_words(inputs)}".strip()
+        # Scaffolded, the openers carry the plan; in words it would only lengthen the prompt.
+        system = lead if self.scaffold else f"{lead} {plan_in_words(inputs)}".strip()
         note = str(inputs.get("revision_note") or "").strip()
         if note:  # the reflection loop's audit of an earlier reply
             system += f" Your last reply was not right: {note}"
@@ -260,12 +327,12 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         return {"response": reply}
 
 
-_CHAT_REPLY = {False: ChatReplyAdapter(), True: ChatReplyAdapter(exemplars=True)}
+_CHAT_REPLY = {(ex, sc): ChatReplyAdapter(exemplars=ex, scaffold=sc) for ex in (False, True) for sc in (False, True)}
 
 
-def chat_reply_adapter(*, exemplars: bool = False) -> ChatReplyAdapter:
+def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False) -> ChatReplyAdapter:
     """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
-    return _CHAT_REPLY[bool(exemplars)]
+    return _CHAT_REPLY[bool(exemplars), bool(scaffold)]
 
 
 def _stock_instructions() -> str:

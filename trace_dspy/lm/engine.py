@@ -681,13 +681,20 @@ class LlamaEngine:
             kwargs["top_p"] = float(cfg.top_p)
         if temperature > 0:
             kwargs["min_p"] = self.sample_min_p
+        # A last assistant message is a prefill, as llama.cpp's server reads it: the reply continues that
+        # text, and the completion holds only what the model added.
+        prefill = ""
+        if len(messages) > 1 and messages[-1]["role"] == "assistant":
+            prefill = messages[-1]["content"]
+            messages = messages[:-1]
         grammar, grammar_text = self._grammar(system, messages[-1]["content"] if messages else "") \
             if self.constrained else (None, None)
         model = self._model()
         with model.lock:
             llama = model.llama
             full = model.formatter(messages=messages)
-            tokens = llama.tokenize(full.prompt.encode("utf-8"), add_bos=not full.added_special, special=True)
+            tokens = llama.tokenize((full.prompt + prefill).encode("utf-8"), add_bos=not full.added_special,
+                                    special=True)
             if len(tokens) >= self.n_ctx:
                 from dspy.lm15 import ContextLengthError
 

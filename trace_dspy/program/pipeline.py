@@ -123,8 +123,9 @@ class TraceProgram(dspy.Module):
     def _stage_context(self, stage: str):
         lm = self._stage_lms.get(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
-        if stage == "generate_response" and self.reply_format(lm or dspy.settings.lm) == "chat":
-            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars)
+        reply_format = self.reply_format(lm or dspy.settings.lm) if stage == "generate_response" else None
+        if reply_format in ("chat", "scaffold"):
+            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold")
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 
@@ -132,7 +133,7 @@ class TraceProgram(dspy.Module):
         """The reply stage's layout for ``lm`` (``auto`` resolved: chat for a constrained small model)."""
         choice = self.config.reply_format
         if choice == "auto":
-            return "chat" if lm is not None and is_constrained(lm) else "fields"
+            return "scaffold" if lm is not None and is_constrained(lm) else "fields"
         return choice
 
     def best_of(self, lm=None) -> int:

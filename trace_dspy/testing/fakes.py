@@ -102,19 +102,24 @@ class ScriptedEngine(_PicklesWithoutLock):
     def complete(self, request) -> Response:
         system = _system_text(request)
         user = [m for m in request.messages if m.role == "user"]
-        text = self.reply_text(system, user[-1].text or "" if user else "")
+        # A last assistant message is a prefill (as llama.cpp's server and the embedded engine read it).
+        last = request.messages[-1] if request.messages else None
+        prefill = (last.text or "") if last is not None and last.role == "assistant" else ""
+        text = self.reply_text(system, user[-1].text or "" if user else "", prefill=prefill)
         n_in = len(system.split()) + sum(len((m.text or "").split()) for m in request.messages)
         n_out = len(text.split())
         return Response(id=None, model="scripted", message=Message.assistant([TextPart(text)]),
                         finish_reason="stop", usage=Usage(input_tokens=n_in, output_tokens=n_out,
                                                           total_tokens=n_in + n_out))
 
-    def reply_text(self, system: str, user_text: str) -> str:
-        """The completion text for a DSPy chat prompt (system text, last user message); records the call."""
+    def reply_text(self, system: str, user_text: str, prefill: str = "") -> str:
+        """The completion text for a DSPy chat prompt (system text, last user message, the assistant's prefill
+        if any); records the call. A plain reply's responder sees the prefill as ``inputs["prefill"]`` and
+        answers with its continuation."""
         outputs = output_names(system)
         plain = not outputs  # the chat-native reply layout (ChatReplyAdapter): the answer is the reply itself
         if plain:
-            outputs, inputs = ("response",), {"message": user_text, "system": system}
+            outputs, inputs = ("response",), {"message": user_text, "system": system, "prefill": prefill}
         else:
             inputs = sections(user_text)
         answer = dict(self.responder(outputs, inputs)) if self.responder else {}

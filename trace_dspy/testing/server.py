@@ -49,7 +49,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         system = "".join(_text(m) for m in messages if m.get("role") == "system")
         users = [_text(m) for m in messages if m.get("role") == "user"]
-        text = self.server.engine.reply_text(system, users[-1] if users else "")
+        # A last assistant message is a prefill, as llama.cpp's server reads it by default.
+        prefill = _text(messages[-1]) if messages and messages[-1].get("role") == "assistant" else ""
+        text = self.server.engine.reply_text(system, users[-1] if users else "", prefill=prefill)
         n_in = sum(len(_text(m).split()) for m in messages)
         n_out = len(text.split())
         with self.server.lock:

@@ -368,6 +368,8 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "with_commonsense": {"commonsense": True},
     "with_reflection": {"reflection": True},
     "fields_reply": {"reply_format": "fields"},  # the reply stage in the field layout (the default before "auto")
+    "chat_reply": {"reply_format": "chat"},  # the whole reply as one chat answer (the embedded default before scaffolds)
+    "scaffold_reply": {"reply_format": "scaffold"},  # one sentence per planned mechanism, begun by an opener
     "no_prior": {"prior_k": 0},  # the emotion stage without the fitted prior's candidates
     "prior_top5": {"prior_k": 5},  # the LM chooses among 5 candidates everywhere (the default before "auto")
     "best_of_1": {"best_of": 1},  # one reply (the default before best_of = "auto")
