@@ -201,7 +201,8 @@ def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
 def _continuing(prefills: list):
     """A writer that goes on from each opener, one sentence and then some words a reply must not keep."""
     goes_on = {"That sounds": " awful, losing it on the bus. Anyway the bus", "How are you feeling": " about it now? I",
-               "Oh, that is": ".", "What happened": " to your wallet after that? Tell"}
+               "Oh, that is": ".", "What happened": " to your wallet after that? Tell", "I'm so": " sorry.",
+               "How did": " not matter in the end."}
 
     def responder(outputs, inputs):
         if "prefill" not in inputs:  # another stage: the default answers
@@ -239,6 +240,11 @@ def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
     assert pred.response == "What happened to your wallet after that?"
     assert prefills == ["Oh, that is", "What happened"]
+    # One word after the opener is a sentence; a question opener made a statement is not kept.
+    with dspy.context(lm=lm.copy(rollout_id=1), adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    assert prefills[-2:] == ["I'm so", "I'm so sorry. How did"]
+    assert pred.response == "I'm so sorry."
 
 
 def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():
@@ -259,3 +265,16 @@ def test_auto_picks_the_scaffold_for_a_constrained_model():
     constrained = GrammarLM.__new__(GrammarLM)
     assert TraceProgram().reply_format(constrained) == "scaffold"
     assert TraceProgram(ProgramConfig(reply_format="chat")).reply_format(constrained) == "chat"
+
+
+@pytest.mark.parametrize(("text", "opener", "sentence"), [
+    ("That sounds awful. And then", "That sounds", "That sounds awful."),
+    ("It must be hard for him, it is a lot to take care of, and it is hard to be a", "It must be",
+     "It must be hard for him."),  # cut off by the token limit: up to its first comma
+    ("Oh, that is a lot to carry for one", "Oh, that is", "Oh, that is a lot to carry for one."),  # no comma after
+    ("You must be feeling proud, right? Anyway", "You must be feeling", "You must be feeling proud, right?"),
+])
+def test_first_sentence(text, opener, sentence):
+    from trace_dspy.lm.adapters import first_sentence
+
+    assert first_sentence(text, opener) == sentence

@@ -141,13 +141,17 @@ def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
     return openers
 
 
-def first_sentence(text: str) -> str:
-    """The first sentence of a completion, cleaned as a reply is (one line, no role prefix, no loop)."""
+def first_sentence(text: str, opener: str = "") -> str:
+    """The first sentence of a completion that begins with ``opener``, cleaned as a reply is (one line, no
+    role prefix, no loop). A sentence cut off by the token limit ends at its first comma after the opener,
+    if it has one: "... hurt him, it is a lot to take care of, and it is hard to be a" keeps "... hurt him."
+    """
     cleaned = clean_reply(text)
     found = _SENTENCE.findall(cleaned)
     sentence = (found[0] if found else cleaned).strip()
     if sentence and sentence[-1] not in ".!?":
-        sentence += "."
+        comma = sentence.find(",", len(opener))
+        sentence = (sentence[:comma] if comma > 0 else sentence).rstrip(" ,;:") + "."
     return sentence
 
 
@@ -275,9 +279,12 @@ class ChatReplyAdapter(dspy.ChatAdapter):
             with adapter_message_call(lm, call):
                 outputs = lm(messages=call, **kwargs)
             text = outputs[0].get("text") if isinstance(outputs[0], dict) else outputs[0]
-            sentence = first_sentence(f"{opener}{text or ''}")
-            if len(_REPLY_WORD.findall(sentence)) > len(_REPLY_WORD.findall(opener)) + 1:
-                said.append(sentence)  # an opener the model did not go on from is left out
+            sentence = first_sentence(f"{opener}{text or ''}", opener)
+            # Left out: an opener the model did not go on from, and a question opener it made a statement of
+            # ("What happened next was sad.").
+            if len(_REPLY_WORD.findall(sentence)) > len(_REPLY_WORD.findall(opener)) \
+                    and (opener not in SCAFFOLD_OPENERS["EX"] or sentence.endswith("?")):
+                said.append(sentence)
         return self._call_postprocess(signature, signature, [" ".join(said)], lm, lm_kwargs)
 
     def format(self, signature, demos, inputs):
