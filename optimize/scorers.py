@@ -219,7 +219,10 @@ def mean_length(texts: Sequence[str]) -> float:
 # ---------------------------------------------------------------- response rules
 
 _ADVICE = re.compile(
-    r"\b(you should|you shouldn't|you need to|you have to|you must|you ought|try to|try and|i suggest|"
+    # "you must" is advice unless it guesses a feeling or a past ("you must be so proud", "you must have
+    # been scared"): that is an interpretation, the IP mechanism.
+    r"\b(you should|you shouldn't|you need to|you have to|you must(?! (?:be|feel|have been|'ve been)\b)|you ought|try to|"
+    r"try and|i suggest|"
     r"i recommend|i'd recommend|i would recommend|my advice|why don't you|why not just|have you tried|"
     r"make sure (?:you|to)|don't forget to|consider (?:talking|trying|getting|seeing|asking))\b",
     re.IGNORECASE,

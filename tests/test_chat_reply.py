@@ -202,7 +202,8 @@ def _continuing(prefills: list):
     """A writer that goes on from each opener, one sentence and then some words a reply must not keep."""
     goes_on = {"That sounds": " awful, losing it on the bus. Anyway the bus", "How are you feeling": " about it now? I",
                "Oh, that is": ".", "What happened": " to your wallet after that? Tell", "I'm so": " sorry.",
-               "How did": " not matter in the end."}
+               "How did": " not matter in the end.", "You must be feeling": " low about losing it on the bus.",
+               "I can imagine how": " losing it on the bus hurts."}
 
     def responder(outputs, inputs):
         if "prefill" not in inputs:  # another stage: the default answers
@@ -245,6 +246,11 @@ def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
     assert prefills[-2:] == ["I'm so", "I'm so sorry. How did"]
     assert pred.response == "I'm so sorry."
+    # A second sentence that only says the first one's words again is cut to its opener, and left out.
+    inputs = reply_inputs(strategy="IP", secondary_strategy="IP")
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    assert pred.response == "You must be feeling low about losing it on the bus."
 
 
 def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():

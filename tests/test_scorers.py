@@ -115,6 +115,10 @@ def test_response_rules():
     assert claims_their_own("I'm so sorry. I lost my grandma last year too.", [grandma]) is None
     assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
     assert not gives_advice("I hope you find them soon.")
+    # "you must" guessing a feeling is an interpretation; "you must" telling what to do is advice.
+    assert not gives_advice("You must be feeling so proud.") and not gives_advice("You must have been scared!")
+    assert not gives_advice("you must feel let down .")
+    assert gives_advice("You must call the bank today.") and gives_advice("you must have a plan for it.")
     assert sentence_count("Hi there. How are you? Fine") == 3
 
 
