@@ -82,11 +82,14 @@ class ProgramConfig:
     reply_format: how the reply stage is asked: ``fields`` (the adapter's field
         layout, like every stage), ``chat`` (the conversation as chat turns, the
         plan in words, the reply as the plain answer; see
-        trace_dspy.lm.adapters.ChatReplyAdapter), or ``auto``: chat for a
-        grammar-constrained small model (the embedded one), where it was measured
-        to stop parroting (docs/benchmarks.md), fields otherwise. Artifacts saved
-        before the option existed load as ``fields``, the layout they were
-        compiled with.
+        trace_dspy.lm.adapters.ChatReplyAdapter), ``scaffold`` (the chat turns,
+        and one sentence per planned mechanism, each begun with an opener the
+        model goes on from: "That sounds" for ER, "You must be feeling" for IP,
+        "How are you feeling" for EX; see ``scaffold_openers``), or ``auto``:
+        scaffold for a grammar-constrained small model (the embedded one), where
+        it was measured against chat (docs/benchmarks.md, "Scaffolded replies"),
+        fields otherwise. Artifacts saved before the option existed load as
+        ``fields``, the layout they were compiled with.
     prior_k: how many candidate labels the fitted emotion prior (see
         trace_dspy.program.emotion_prior) offers ``recognize_emotion``, with their
         probabilities; a grammar-constrained engine may only choose among them.

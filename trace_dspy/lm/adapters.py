@@ -118,6 +118,7 @@ SCAFFOLD_OPENERS = {
     "EX": ("How are you feeling", "What happened", "How did"),
 }
 SCAFFOLD_SENTENCE_TOKENS = 32
+SCAFFOLD_SENTENCE_WORDS = 16
 
 
 def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
@@ -143,15 +144,21 @@ def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
 
 def first_sentence(text: str, opener: str = "") -> str:
     """The first sentence of a completion that begins with ``opener``, cleaned as a reply is (one line, no
-    role prefix, no loop). A sentence cut off by the token limit ends at its first comma after the opener,
-    if it has one: "... hurt him, it is a lot to take care of, and it is hard to be a" keeps "... hurt him."
+    role prefix, no loop). A sentence cut off by the token limit, or one longer than
+    ``SCAFFOLD_SENTENCE_WORDS``, ends at its first comma after the opener, if it has one: "... hurt him, it
+    is a lot to take care of, and it is hard to be a" keeps "... hurt him." (a small model's long sentences
+    wander: "It must be so hard to think of your own birthday, but it's wonderful that you have a ...").
     """
     cleaned = clean_reply(text)
     found = _SENTENCE.findall(cleaned)
     sentence = (found[0] if found else cleaned).strip()
-    if sentence and sentence[-1] not in ".!?":
+    cut_off = bool(sentence) and sentence[-1] not in ".!?"
+    if cut_off or len(_REPLY_WORD.findall(sentence)) > SCAFFOLD_SENTENCE_WORDS:
         comma = sentence.find(",", len(opener))
-        sentence = (sentence[:comma] if comma > 0 else sentence).rstrip(" ,;:") + "."
+        if comma > 0:
+            sentence = sentence[:comma].rstrip(" ,;:") + "."
+        elif cut_off:
+            sentence = sentence.rstrip(" ,;:") + "."
     return sentence
 
 
