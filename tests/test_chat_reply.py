@@ -279,9 +279,6 @@ def test_auto_picks_the_scaffold_for_a_constrained_model():
      "It must be hard for him."),  # cut off by the token limit: up to its first comma
     ("Oh, that is a lot to carry for one", "Oh, that is", "Oh, that is a lot to carry for one."),  # no comma after
     ("You must be feeling proud, right? Anyway", "You must be feeling", "You must be feeling proud, right?"),
-    # Longer than 16 words: up to the first comma.
-    ("It must be so hard to think of your own birthday, but it's wonderful that you have a wonderful birthday.",
-     "It must be", "It must be so hard to think of your own birthday."),
 ])
 def test_first_sentence(text, opener, sentence):
     from trace_dspy.lm.adapters import first_sentence

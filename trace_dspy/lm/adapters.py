@@ -118,7 +118,6 @@ SCAFFOLD_OPENERS = {
     "EX": ("How are you feeling", "What happened", "How did"),
 }
 SCAFFOLD_SENTENCE_TOKENS = 32
-SCAFFOLD_SENTENCE_WORDS = 16
 
 
 def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
@@ -144,21 +143,17 @@ def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
 
 def first_sentence(text: str, opener: str = "") -> str:
     """The first sentence of a completion that begins with ``opener``, cleaned as a reply is (one line, no
-    role prefix, no loop). A sentence cut off by the token limit, or one longer than
-    ``SCAFFOLD_SENTENCE_WORDS``, ends at its first comma after the opener, if it has one: "... hurt him, it
-    is a lot to take care of, and it is hard to be a" keeps "... hurt him." (a small model's long sentences
-    wander: "It must be so hard to think of your own birthday, but it's wonderful that you have a ...").
+    role prefix, no loop). A sentence cut off by the token limit ends at its first comma after the opener,
+    if it has one: "... hurt him, it is a lot to take care of, and it is hard to be a" keeps "... hurt him."
+    Complete sentences are kept whole: cutting those over 16 words at their first comma lowered the
+    composite on 100 ED items (0.5515 to 0.5440, docs/benchmarks.md, "Scaffolded replies").
     """
     cleaned = clean_reply(text)
     found = _SENTENCE.findall(cleaned)
     sentence = (found[0] if found else cleaned).strip()
-    cut_off = bool(sentence) and sentence[-1] not in ".!?"
-    if cut_off or len(_REPLY_WORD.findall(sentence)) > SCAFFOLD_SENTENCE_WORDS:
+    if sentence and sentence[-1] not in ".!?":
         comma = sentence.find(",", len(opener))
-        if comma > 0:
-            sentence = sentence[:comma].rstrip(" ,;:") + "."
-        elif cut_off:
-            sentence = sentence.rstrip(" ,;:") + "."
+        sentence = (sentence[:comma] if comma > 0 else sentence).rstrip(" ,;:") + "."
     return sentence
 
 
