@@ -6,6 +6,7 @@ import json
 import pickle
 import sys
 import threading
+import time
 
 import dspy
 import pytest
@@ -374,3 +375,35 @@ def test_a_last_assistant_message_is_continued_as_a_prefill(local_model):
                                             stop=list(model.formatter(messages=chat).stop))
     assert continued == raw["choices"][0]["text"]
     assert continued.strip() and not continued.lstrip().startswith("You must")
+
+
+def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch):
+    """CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" in a threaded
+    run): grammars parse each Literal type once, under a lock."""
+    from trace_dspy.lm import engine
+
+    engine._literal_values.cache_clear()
+    inside, overlaps, calls = [0], [0], [0]
+    real = engine.ast.literal_eval
+
+    def counting(text):
+        calls[0] += 1
+        inside[0] += 1
+        overlaps[0] += inside[0] > 1
+        try:
+            time.sleep(0.001)
+            return real(text)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(engine.ast, "literal_eval", counting)
+    types = [f"Literal['a{i}', 'b{i}']" for i in range(20)]
+    threads = [threading.Thread(target=lambda: [engine._value_rule(t, False, 10, None) for t in types])
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps[0] == 0
+    assert calls[0] <= len(types) + 4  # once per type (a racing first call may parse it again, in turn)
+    assert engine._value_rule("Literal['x', 'y']", False, 10, None, choices=["y"]) == '("y")'

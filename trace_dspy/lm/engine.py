@@ -30,6 +30,7 @@ import ast
 import atexit
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -151,13 +152,28 @@ _SCALARS = {
 }
 
 
+# CPython 3.11's ast.parse keeps its recursion bookkeeping in shared state: two threads parsing at once can
+# fail with "SystemError: AST constructor recursion depth mismatch". Stage calls run in threads (--threads,
+# Best-of-N under MLflow serving), so label sets are parsed under a lock, once per type string.
+_AST_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=256)
+def _literal_values(inner: str) -> tuple | None:
+    """The values of ``Literal[<inner>]``, or None when they are not literals."""
+    try:
+        with _AST_LOCK:
+            return ast.literal_eval("(" + inner + ",)")
+    except (SyntaxError, ValueError):
+        return None
+
+
 def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | None,
                 choices: list[str] | None = None) -> str | None:
     """GBNF for one field value, or None when the type is not supported."""
     if type_str.startswith("Literal[") and type_str.endswith("]"):
-        try:
-            values = ast.literal_eval("(" + type_str[len("Literal["):-1] + ",)")
-        except (SyntaxError, ValueError):
+        values = _literal_values(type_str[len("Literal["):-1])
+        if values is None:
             return None
         if not all(isinstance(v, str) for v in values):
             return None
