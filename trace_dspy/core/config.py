@@ -107,7 +107,7 @@ class ProgramConfig:
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
         where it was measured (docs/benchmarks.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
-    reply_exemplars: in the chat layout, show the writer the retrieved
+    reply_exemplars: in the chat and scaffold layouts, show the writer the retrieved
         exemplars (the nearest conversations of the pool, filtered by the
         emotion's group) as earlier chat turns, so that a small model answers
         in their tone (docs/benchmarks.md, "Nearest exemplars for the writer").

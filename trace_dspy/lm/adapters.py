@@ -249,7 +249,10 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     - the conversation itself, speaker turns as user messages and listener
       turns as assistant messages.
 
-    The completion is the reply (``clean_reply``). Every other stage is
+    The completion is the reply (``clean_reply``). With ``scaffold``
+    (``reply_format = "scaffold"``) the system line drops the plan in words and
+    the reply is written one sentence per planned mechanism, each call
+    continuing an opener (see ``scaffold_openers``). Every other stage is
     formatted as by DSPy's ChatAdapter.
     """
 
