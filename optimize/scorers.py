@@ -221,9 +221,9 @@ def mean_length(texts: Sequence[str]) -> float:
 _ADVICE = re.compile(
     # "you must" is advice unless it guesses a feeling or a past ("you must be so proud", "you must have
     # been scared"): that is an interpretation, the IP mechanism.
-    r"\b(you should|you shouldn't|you need to|you have to|you must(?! (?:be|feel|have been|'ve been)\b)|you ought|try to|"
-    r"try and|i suggest|"
-    r"i recommend|i'd recommend|i would recommend|my advice|why don't you|why not just|have you tried|"
+    r"\b(you should|you shouldn't|you need to|you have to|you must(?! (?:be|feel|have been|'ve been)\b)|"
+    r"you ought|try to|try and|i suggest|i recommend|i'd recommend|i would recommend|my advice|why don't you|"
+    r"why not just|have you tried|"
     r"make sure (?:you|to)|don't forget to|consider (?:talking|trying|getting|seeing|asking))\b",
     re.IGNORECASE,
 )

@@ -284,3 +284,17 @@ def test_first_sentence(text, opener, sentence):
     from trace_dspy.lm.adapters import first_sentence
 
     assert first_sentence(text, opener) == sentence
+
+
+def test_when_the_model_goes_on_from_no_opener_the_reply_is_asked_for_whole():
+    def responder(outputs, inputs):
+        if "prefill" not in inputs:
+            return {}
+        return {"response": "." if inputs["prefill"] else "Oh no. Did anyone hand it in?"}
+
+    lm, _ = fake_lm(responder)
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
+    assert pred.response == "Oh no. Did anyone hand it in?"
+    assert [m[-1]["role"] for m in (h["messages"] for h in lm.history)] == ["assistant", "assistant", "user"]

@@ -296,6 +296,8 @@ class ChatReplyAdapter(dspy.ChatAdapter):
             if len(_REPLY_WORD.findall(sentence)) > len(_REPLY_WORD.findall(opener)) \
                     and (opener not in SCAFFOLD_OPENERS["EX"] or sentence.endswith("?")):
                 said.append(sentence)
+        if not said:  # the model went on from no opener: ask for the whole reply instead (the chat layout)
+            return super().__call__(lm, lm_kwargs, signature, demos, inputs)
         return self._call_postprocess(signature, signature, [" ".join(said)], lm, lm_kwargs)
 
     def format(self, signature, demos, inputs):
