@@ -37,6 +37,17 @@ __all__ = ["ConfigError", "ExemplarIndex", "RetrievalConfig"]  # RetrievalConfig
 INDEX_VERSION = 1
 
 
+def _bm25s():
+    """The bm25s module, its logger kept at WARNING (0.3.16 sets it to DEBUG on import, and a CLI that
+    configures logging would print "Building index from IDs objects" on every index build)."""
+    import logging
+
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
+
 def conversation_key(dialogue: str) -> str:
     """The first speaker turn, normalised: samples of one conversation share it."""
     turns = parse_dialogue(dialogue)
@@ -45,7 +56,7 @@ def conversation_key(dialogue: str) -> str:
 
 
 def _tokenize(texts: Sequence[str]):
-    import bm25s
+    bm25s = _bm25s()
 
     return bm25s.tokenize(list(texts), stopwords="en", show_progress=False)
 
@@ -69,7 +80,7 @@ class ExemplarIndex:
 
     @classmethod
     def build(cls, examples: Sequence[Any], config: RetrievalConfig) -> ExemplarIndex:
-        import bm25s
+        bm25s = _bm25s()
 
         items = []
         for ex in examples:
@@ -94,7 +105,7 @@ class ExemplarIndex:
     @classmethod
     def load(cls, folder: str | os.PathLike) -> ExemplarIndex:
         """Load a saved index, checking every file; damage is a ``ConfigError`` naming the file."""
-        import bm25s
+        bm25s = _bm25s()
 
         from trace_dspy.core.safety import JSONLimitError, load_json
 

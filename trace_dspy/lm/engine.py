@@ -30,7 +30,6 @@ import ast
 import atexit
 import contextlib
 import ctypes
-import functools
 import importlib.util
 import json
 import os
@@ -156,16 +155,20 @@ _SCALARS = {
 # fail with "SystemError: AST constructor recursion depth mismatch". Stage calls run in threads (--threads,
 # Best-of-N under MLflow serving), so label sets are parsed under a lock, once per type string.
 _AST_LOCK = threading.Lock()
+_LITERALS: dict[str, tuple | None] = {}
 
 
-@functools.lru_cache(maxsize=256)
 def _literal_values(inner: str) -> tuple | None:
     """The values of ``Literal[<inner>]``, or None when they are not literals."""
-    try:
-        with _AST_LOCK:
-            return ast.literal_eval("(" + inner + ",)")
-    except (SyntaxError, ValueError):
-        return None
+    with _AST_LOCK:
+        if inner not in _LITERALS:
+            if len(_LITERALS) >= 256:
+                _LITERALS.clear()
+            try:
+                _LITERALS[inner] = ast.literal_eval("(" + inner + ",)")
+            except (SyntaxError, ValueError):
+                _LITERALS[inner] = None
+        return _LITERALS[inner]
 
 
 def _value_rule(type_str: str, as_json: bool, limit: int, quotes: list[str] | None,
