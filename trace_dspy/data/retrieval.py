@@ -18,6 +18,7 @@ fingerprint.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -37,9 +38,11 @@ __all__ = ["ConfigError", "ExemplarIndex", "RetrievalConfig"]  # RetrievalConfig
 INDEX_VERSION = 1
 
 
+@functools.cache
 def _bm25s():
-    """The bm25s module, its logger kept at WARNING (0.3.16 sets it to DEBUG on import, and a CLI that
-    configures logging would print "Building index from IDs objects" on every index build)."""
+    """The bm25s module, its logger set to WARNING once (0.3.16 sets it to DEBUG on import, and a CLI that
+    configures logging would print "Building index from IDs objects" on every index build). Cached: queries
+    call this too, and each setLevel clears the logging module's level cache for every logger."""
     import logging
 
     import bm25s
