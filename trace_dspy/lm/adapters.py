@@ -287,10 +287,11 @@ class ChatReplyAdapter(dspy.ChatAdapter):
             sentence = first_sentence(f"{opener}{text or ''}", opener)
             # Cleaned with what was said before, as the whole reply will be: a run of words said again is cut
             # ("... the part you wanted to play. I can imagine how you wanted to play" keeps "I can imagine how").
-            before = " ".join(said)
-            together = clean_reply(f"{before} {sentence}".strip())
-            if said and together.startswith(before):
-                sentence = together[len(before):].strip()
+            if said:
+                before = " ".join(said)
+                together = clean_reply(f"{before} {sentence}")
+                if together.startswith(before):
+                    sentence = together[len(before):].strip()
             # Left out: an opener the model did not go on from, and a question opener it made a statement of
             # ("What happened next was sad.").
             if len(_REPLY_WORD.findall(sentence)) > len(_REPLY_WORD.findall(opener)) \

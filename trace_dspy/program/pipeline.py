@@ -130,7 +130,7 @@ class TraceProgram(dspy.Module):
         return dspy.context(**overrides) if overrides else nullcontext()
 
     def reply_format(self, lm=None) -> str:
-        """The reply stage's layout for ``lm`` (``auto`` resolved: chat for a constrained small model)."""
+        """The reply stage's layout for ``lm`` (``auto`` resolved: scaffold for a constrained small model)."""
         choice = self.config.reply_format
         if choice == "auto":
             return "scaffold" if lm is not None and is_constrained(lm) else "fields"
