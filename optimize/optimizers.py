@@ -45,6 +45,9 @@ class OptimizerConfig:
     simba_steps: int = 2
     simba_candidates: int = 2
     simba_bsize: int = 4
+    # every optimizer, when the reply is scaffolded: rank the openers of each mechanism by the metric on this
+    # many training dialogues before compiling (trace_dspy.optimize.openers); 0 keeps the stock openers
+    opener_items: int = 16
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -69,7 +72,8 @@ class OptimizerConfig:
             "gepa": ("gepa_max_metric_calls", "gepa_minibatch"),
             "simba": ("simba_steps", "simba_candidates", "simba_bsize", "max_bootstrapped_demos"),
         }[self.name]
-        return {"name": self.name, "seed": self.seed, **{k: getattr(self, k) for k in used}}
+        return {"name": self.name, "seed": self.seed, **{k: getattr(self, k) for k in used},
+                "opener_items": self.opener_items}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +121,9 @@ def _select(cfg, program, metric, trainset, valset, prompt_lm):
             max_labeled_demos=cfg.max_labeled_demos, max_rounds=cfg.max_rounds,
             num_candidate_programs=cfg.select_candidates, num_threads=1)
         best = optimizer.compile(program, trainset=trainset, valset=valset or trainset)
-    kinds = {-3: "uncompiled", -2: "labeled", -1: "bootstrap"}
+    # -3 is the program as given: uncompiled, or with the openers this compile fitted and no demos
+    kinds = {-3: "no demos" if getattr(program, "reply_openers", None) else "uncompiled", -2: "labeled",
+             -1: "bootstrap"}
     candidates = sorted(getattr(best, "candidate_programs", []), key=lambda c: c["seed"])
     if hasattr(best, "candidate_programs"):
         del best.candidate_programs  # every candidate program: not part of the compiled artifact
@@ -169,12 +175,37 @@ COMPILERS: dict[str, Compiler] = {
 }
 
 
+def _scaffolded(program) -> bool:
+    """Does the program write scaffolded replies with the LM in effect (the reply stage's, else dspy's)?"""
+    if not hasattr(program, "reply_format") or not hasattr(program, "reply_openers"):
+        return False
+    return program.reply_format(program.stage_lms.get("generate_response") or dspy.settings.lm) == "scaffold"
+
+
 def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset: Sequence[dspy.Example],
-                    valset: Sequence[dspy.Example], *, prompt_lm: dspy.LM | None = None) -> dspy.Module:
-    """Compile ``program`` with the configured optimizer; the program's stage LMs carry over."""
+                    valset: Sequence[dspy.Example], *, prompt_lm: dspy.LM | None = None,
+                    log: Callable[[str], None] | None = None) -> dspy.Module:
+    """Compile ``program`` with the configured optimizer; the program's stage LMs carry over.
+
+    When the program writes scaffolded replies, the openers are fitted first
+    (``opener_items`` training dialogues; see trace_dspy.optimize.openers) and
+    the optimizer compiles the program that has them. The result then carries
+    ``reply_openers`` and ``opener_fit`` (the record for the manifest).
+    """
     if not trainset:
         raise ConfigError("the training set is empty")
+    fit = None
+    if cfg.opener_items and _scaffolded(program):
+        from trace_dspy.optimize.openers import fit_openers
+
+        fit = fit_openers(program, list(trainset)[:cfg.opener_items], metric, log=log)
+        if fit is not None:
+            program = program.deepcopy()
+            program.reply_openers = fit.openers
     compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
+    if fit is not None:  # an optimizer that rebuilds the program must not lose them
+        compiled.reply_openers = fit.openers
+        compiled.opener_fit = fit.record()
     # Optimizers reset predictor LMs; TraceProgram keeps stage LMs outside its predictors,
     # but a foreign module may not: put them back if the copy lost them.
     if hasattr(program, "stage_lms") and hasattr(compiled, "set_stage_lms") and not compiled.stage_lms:

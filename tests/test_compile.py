@@ -66,11 +66,11 @@ def test_every_flag_reaches_the_config(tmp_path):
                             "--simba-bsize", "2", "--dev", "9", "--seed", "4", "--name", "mine", "--threads", "2",
                             "--artifacts-dir", "arts", "--tracking-uri", "sqlite:///x.db", "--experiment", "exp",
                             "--registered-model", "reg", "--no-mlflow", "--data", "d.jsonl", "--lm", "openai/x",
-                            "--max-failure-rate", "0.1"])
+                            "--max-failure-rate", "0.1", "--opener-items", "5"])
     o = cfg.optimizer
     assert (o.name, o.max_bootstrapped_demos, o.max_labeled_demos, o.mipro_candidates, o.mipro_trials) == (
         "mipro", 3, 1, 5, 7)
-    assert (o.gepa_max_metric_calls, o.simba_bsize, o.simba_steps, o.seed) == (11, 2, 9, 4)
+    assert (o.gepa_max_metric_calls, o.simba_bsize, o.simba_steps, o.seed, o.opener_items) == (11, 2, 9, 4, 5)
     assert (cfg.train, cfg.dev, cfg.seed, cfg.name, cfg.threads, cfg.artifacts_dir) == (40, 9, 4, "mine", 2, "arts")
     assert (cfg.tracking_uri, cfg.experiment, cfg.registered_model, cfg.mlflow) == ("sqlite:///x.db", "exp", "reg", False)
     assert (cfg.data, cfg.max_failure_rate, cfg.settings.lm.default.model) == ("d.jsonl", 0.1, "openai/x")
@@ -89,7 +89,7 @@ def test_the_parsed_config_drives_the_run(fake_models, tmp_path):
     m = result.manifest
     assert result.artifact == tmp_path / "artifacts/drive/v0001"
     assert len(m["data"]["train_ids"]) == 5 and len(m["data"]["dev_ids"]) == 4 and result.before["n"] == 4
-    assert m["optimizer"] == {"name": "labeled", "seed": 2, "max_labeled_demos": 3}
+    assert m["optimizer"] == {"name": "labeled", "seed": 2, "max_labeled_demos": 3, "opener_items": 16}
     state = json.loads((result.artifact / "program.json").read_text())
     assert all(len(state[s]["demos"]) == 3 for s in STAGES)
     assert m["mlflow"]["run_id"] is None and m["config"]["data"]["seed"] == 2

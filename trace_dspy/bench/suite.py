@@ -141,7 +141,7 @@ def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Se
         started = time.perf_counter()
         with dspy.context(lm=lms.default):
             compiled, calls = count_lm_calls(compile_program, cfg, student, metric, train, dev,
-                                             prompt_lm=lms.role("prompt"))
+                                             prompt_lm=lms.role("prompt"), log=log)
         systems.append(System(f"compiled_{opt}", f"TraceProgram compiled with {opt} ({len(train)} train)",
                               compiled, time.perf_counter() - started, calls))
     for ref in artifacts:
@@ -248,6 +248,7 @@ def program_fingerprint(program) -> str | None:
     parts = {"state": program.dump_state(), "config": program.config.to_dict(),
              "retriever": getattr(program.retriever, "fingerprint", None),
              "prior": id(program.emotion_prior) if program.emotion_prior is not None else None,
+             "openers": program.reply_openers,
              "lms": sorted((stage, id(lm)) for stage, lm in program.stage_lms.items())}
     return json.dumps(parts, sort_keys=True, default=str)
 

@@ -119,13 +119,71 @@ SCAFFOLD_OPENERS = {
 }
 SCAFFOLD_SENTENCE_TOKENS = 32
 
+# The openers a compile may choose from (trace_dspy.optimize.openers ranks them by the metric on training
+# dialogues, separately for pleasant and unpleasant emotions, and stores the ranking in the artifact). The stock
+# openers come first; the others range from neutral to clearly toned, and the data decide which toned ones fit.
+OPENER_POOL = {
+    "ER": ("That sounds", "Oh, that is", "I'm so", "Oh no, that sounds", "I'm so sorry", "That's so",
+           "Wow, that", "I'm really glad"),
+    "IP": ("You must be feeling", "I can imagine how", "It must be", "You must have been", "I know how",
+           "That must have been"),
+    "EX": ("How are you feeling", "What happened", "How did", "How are you", "What did you", "Do you"),
+}
+# Fitted openers are kept per valence of the recognized emotion; "any" is the ranking over all dialogues, for an
+# emotion outside the 32 labels.
+OPENER_VALENCES = ("positive", "negative", "any")
+MAX_OPENERS = 8
+MAX_OPENER_CHARS = 40
+_PLEASANT_GROUPS = ("happiness", "surprise")
 
-def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
-    """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
 
-    The planned mechanisms in order, the question (EX) last. A plan of one mechanism writes two of its
-    sentences; a plan of questions only, or none (the strategy stage off), acknowledges first (ER).
-    """
+def emotion_valence(emotion) -> str:
+    """"positive" for the happiness and surprise groups, "negative" for the other four, "any" for no label."""
+    from trace_dspy.core.labels import EMOTION_TO_GROUP
+
+    group = EMOTION_TO_GROUP.get(str(emotion or "").strip().lower())
+    if group is None:
+        return "any"
+    return "positive" if group in _PLEASANT_GROUPS else "negative"
+
+
+def check_openers(openers) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Fitted openers as stored (valence -> mechanism -> openers, best first), checked; ValueError says what
+    is wrong. Mechanisms a valence leaves out keep the stock openers."""
+    if not isinstance(openers, dict):
+        raise ValueError(f"reply openers must be a table of valences, not {type(openers).__name__}")
+    checked: dict[str, dict[str, tuple[str, ...]]] = {}
+    for valence, table in openers.items():
+        if valence not in OPENER_VALENCES:
+            raise ValueError(f"reply openers: unknown valence {valence!r}; expected {', '.join(OPENER_VALENCES)}")
+        if not isinstance(table, dict):
+            raise ValueError(f"reply openers[{valence!r}] must be a table of mechanisms")
+        checked[valence] = {}
+        for kind, options in table.items():
+            if kind not in SCAFFOLD_OPENERS:
+                raise ValueError(f"reply openers[{valence!r}]: unknown mechanism {kind!r}; expected ER, IP or EX")
+            if isinstance(options, str) or not isinstance(options, (list, tuple)) \
+                    or not 1 <= len(options) <= MAX_OPENERS \
+                    or not all(isinstance(o, str) and o.strip() and len(o) <= MAX_OPENER_CHARS for o in options):
+                raise ValueError(f"reply openers[{valence!r}][{kind!r}] must be a list of 1 to {MAX_OPENERS} "
+                                 f"non-empty strings of at most {MAX_OPENER_CHARS} characters")
+            checked[valence][kind] = tuple(o.strip() for o in options)
+    return checked
+
+
+def openers_for(inputs: dict, fitted=None) -> dict[str, tuple[str, ...]]:
+    """The openers of each mechanism for this reply: the fitted ones of the emotion's valence (then "any"),
+    else the stock ``SCAFFOLD_OPENERS``."""
+    if not fitted:
+        return SCAFFOLD_OPENERS
+    table = fitted.get(emotion_valence(inputs.get("emotion"))) or fitted.get("any") or {}
+    return {kind: tuple(table.get(kind) or stock) for kind, stock in SCAFFOLD_OPENERS.items()}
+
+
+def scaffold_kinds(inputs: dict) -> list[str]:
+    """The mechanisms of a scaffolded reply's two sentences: the planned ones in order, the question (EX)
+    last. A plan of one mechanism writes two of its sentences; a plan of questions only, or none (the
+    strategy stage off), acknowledges first (ER)."""
     kinds = list(dict.fromkeys(s for s in (inputs.get("strategy"), inputs.get("secondary_strategy"))
                                if s in SCAFFOLD_OPENERS))
     if kinds in ([], ["EX"]):
@@ -133,12 +191,23 @@ def scaffold_openers(inputs: dict, candidate: int = 0) -> list[str]:
     elif len(kinds) == 1:
         kinds = kinds * 2
     kinds.sort(key=lambda kind: kind == "EX")
-    openers = []
+    return kinds
+
+
+def scaffold_openers(inputs: dict, candidate: int = 0, openers=None) -> list[str]:
+    """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
+
+    ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
+    ``openers_for``); candidate c takes the c-th of each, coming round again past the last.
+    """
+    openers = openers or SCAFFOLD_OPENERS
+    kinds = scaffold_kinds(inputs)
+    chosen = []
     for slot, kind in enumerate(kinds):
-        options = SCAFFOLD_OPENERS[kind]
+        options = openers[kind]
         repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
-        openers.append(options[(candidate + repeat) % len(options)])
-    return openers
+        chosen.append(options[(candidate + repeat) % len(options)])
+    return chosen
 
 
 def first_sentence(text: str, opener: str = "") -> str:
@@ -256,10 +325,12 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     formatted as by DSPy's ChatAdapter.
     """
 
-    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, **kwargs):
+    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, openers=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.exemplars = exemplars
         self.scaffold = scaffold
+        # Fitted openers (valence -> mechanism -> openers, see check_openers); None: the stock ones.
+        self.openers = check_openers(openers) if openers else None
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         if is_reply_signature(signature):
@@ -279,7 +350,7 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         candidate = 0 if rollout is None else int(rollout) + 1
         kwargs = {**lm_kwargs, "max_tokens": min(lm_kwargs["max_tokens"], SCAFFOLD_SENTENCE_TOKENS)}
         said: list[str] = []
-        for opener in scaffold_openers(inputs, candidate):
+        for opener in scaffold_openers(inputs, candidate, openers_for(inputs, self.openers)):
             call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
             with adapter_message_call(lm, call):
                 outputs = lm(messages=call, **kwargs)
@@ -351,8 +422,11 @@ class ChatReplyAdapter(dspy.ChatAdapter):
 _CHAT_REPLY = {(ex, sc): ChatReplyAdapter(exemplars=ex, scaffold=sc) for ex in (False, True) for sc in (False, True)}
 
 
-def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False) -> ChatReplyAdapter:
-    """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
+def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False, openers=None) -> ChatReplyAdapter:
+    """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter); with fitted
+    ``openers``, one of its own."""
+    if openers:
+        return ChatReplyAdapter(exemplars=bool(exemplars), scaffold=bool(scaffold), openers=openers)
     return _CHAT_REPLY[bool(exemplars), bool(scaffold)]
 
 

@@ -86,6 +86,9 @@ class TraceProgram(dspy.Module):
             setattr(self, stage, predictor)
         # An EmotionPrior (trace_dspy.program.emotion_prior); offers recognize_emotion its top-k labels.
         self.emotion_prior = emotion_prior
+        # The scaffolded reply's openers as a compile fitted them (valence -> mechanism -> openers, best first;
+        # trace_dspy.optimize.openers), saved in the artifact's manifest; None: the stock openers.
+        self.reply_openers = None
         self._stage_lms: dict[str, dspy.LM] = {}
         self.set_stage_lms(stage_lms or {})
 
@@ -125,7 +128,8 @@ class TraceProgram(dspy.Module):
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
         reply_format = self.reply_format(lm or dspy.settings.lm) if stage == "generate_response" else None
         if reply_format in ("chat", "scaffold"):
-            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold")
+            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold",
+                                         openers=self.reply_openers if reply_format == "scaffold" else None)
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 

@@ -228,7 +228,7 @@ _MANIFEST_SCHEMA: dict[str, tuple[type, ...]] = {
     "schema_version": (int,), "name": (str,), "version": (int,), "created": (str,), "config": (dict,),
     "predictors": (list,), "git_commit": (str, type(None)), "packages": (dict,), "optimizer": (dict,),
     "metric": (dict,), "scores": (dict,), "data": (dict,), "mlflow": (dict,), "command": (str,),
-    "retrieval": (dict,), "emotion_prior": (dict,),
+    "retrieval": (dict,), "emotion_prior": (dict,), "reply_openers": (dict,),
 }
 
 
@@ -397,6 +397,7 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         recorded_lm = recorded_lm.with_timeout(timeout)
     program = build_program(config, state, where=str(folder / "program.json"),
                             emotion_prior=_load_prior(folder, manifest, config))
+    program.reply_openers = _load_openers(folder, manifest)
     if config.retrieval.enabled and (folder / "index").is_dir():
         from trace_dspy.data.retrieval import ExemplarIndex
 
@@ -410,6 +411,19 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
     if attach_lms:
         program.set_stage_lms(lms.stage_lms())
     return LoadedProgram(program, lms, manifest, folder, ref or str(folder))
+
+
+def _load_openers(folder: Path, manifest: dict[str, Any]):
+    """The scaffolded reply's fitted openers; None (the stock ones) for artifacts compiled without them."""
+    from trace_dspy.lm.adapters import check_openers
+
+    openers = (manifest.get("reply_openers") or {}).get("openers")
+    if openers is None:
+        return None
+    try:
+        return check_openers(openers)
+    except ValueError as exc:
+        raise ArtifactError(folder / "manifest.json", "reply_openers.openers", str(exc)) from None
 
 
 def _load_prior(folder: Path, manifest: dict[str, Any], config: ProgramConfig):

@@ -132,7 +132,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             with dspy.context(lm=lms.default):
                 try:
                     compiled = compile_program(cfg.optimizer, program, metric, splits.train, val,
-                                               prompt_lm=prompt_lm)
+                                               prompt_lm=prompt_lm, log=_log)
                 except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
                     first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
                     raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
@@ -175,6 +175,9 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                               "index": retriever.fingerprint if retriever is not None else None,
                               "pool_items": len(retriever.items) if retriever is not None else 0},
                 "emotion_prior": prior_record,
+                # The scaffolded reply's openers, when this compile fitted them, with the scores they were
+                # ranked by (trace_dspy.optimize.openers); loading puts them back on the program.
+                "reply_openers": getattr(compiled, "opener_fit", None) or {"openers": None},
             }
             index_dir = None
             if retriever is not None:
