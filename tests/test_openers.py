@@ -152,8 +152,9 @@ def fake_models(monkeypatch, tmp_path):
     return engine
 
 
-def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_models, tmp_path):
+def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_models, tmp_path, capsys):
     from trace_dspy.cli.compile import main
+    from trace_dspy.cli.inspect_artifact import main as inspect
 
     argv = ["--config", "scaffold.toml", "--optimizer", "labeled", "--train", "4", "--dev", "2", "--no-mlflow"]
     assert main([*argv, "--opener-items", "4"]) == 0
@@ -168,6 +169,11 @@ def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_mod
     assert json.loads((tmp_path / "artifacts/trace-dspy/v0002/manifest.json").read_text())["reply_openers"] == {
         "openers": None}
     assert load_reference("trace-dspy@v2").program.reply_openers is None
+    capsys.readouterr()
+    assert inspect(["trace-dspy@v1"]) == 0 and inspect(["trace-dspy@v2"]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  openers")]
+    assert shown[0].startswith("  openers     fitted on 4 training dialogues; first positive: ER")
+    assert shown[1] == "  openers     stock (not fitted)"
     # A damaged table is refused by name.
     path = tmp_path / "artifacts/trace-dspy/v0001/manifest.json"
     manifest["reply_openers"]["openers"]["any"] = {"XX": ["Wow"]}

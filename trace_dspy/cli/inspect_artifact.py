@@ -105,6 +105,16 @@ def _prior_line(prior: dict[str, Any] | None, program: dict[str, Any]) -> str:
             f"on {prior.get('dev_samples')} dev items, fitted on {prior.get('train_samples')}")
 
 
+def _openers_line(record: dict[str, Any] | None) -> str:
+    """The scaffolded reply's first opener per valence and mechanism, when the compile fitted them."""
+    openers = (record or {}).get("openers")
+    if not openers:
+        return "stock (not fitted)"
+    first = "; ".join(f"{valence}: " + ", ".join(f"{kind} {options[0]!r}" for kind, options in table.items())
+                      for valence, table in openers.items() if valence != "any")
+    return f"fitted on {record.get('items')} training dialogues; first {first}"
+
+
 def render_summary(art: Artifact) -> str:
     s = summary(art)
     scores = s["scores"]
@@ -120,6 +130,7 @@ def render_summary(art: Artifact) -> str:
          + (f" ({data['train']} train, {data['dev']} dev)" if "train" in data and "dev" in data else "")),
         ("program", _program_switches((s["config"] or {}).get("program") or {})),
         ("emotion", _prior_line(s["emotion_prior"], (s["config"] or {}).get("program") or {})),
+        ("openers", _openers_line(s.get("reply_openers"))),
         ("models", _models(s["config"])),
         ("dspy", s["dspy"] or "-"),
         ("git commit", s["git_commit"] or "-"),

@@ -84,6 +84,7 @@ def summary(art: Artifact) -> dict[str, Any]:
         "config": {k: config.get(k) for k in ("program", "lm", "data", "run") if k in config},
         "retrieval": m.get("retrieval"),
         "emotion_prior": m.get("emotion_prior"),
+        "reply_openers": {k: v for k, v in (m.get("reply_openers") or {}).items() if k != "scores"} or None,
         "dspy": (m.get("packages") or {}).get("dspy"),
         "packages": m.get("packages") or {},
         "git_commit": m.get("git_commit"),
