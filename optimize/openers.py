@@ -16,7 +16,9 @@ on the training dialogues:
    dialogues whose recognized emotion is pleasant (happiness, surprise) or
    unpleasant, each valence's means shrunk towards the opener's mean over all
    dialogues (``shrink`` pseudo-dialogues), so that a handful of dialogues
-   cannot reorder much.
+   cannot reorder much. An opener with a tone ("Oh no, that sounds", "Wow,
+   that"; ``TONED_OPENERS``) is tried and ranked only for its own valence,
+   and the "any" ranking (an emotion outside the labels) takes neutral ones.
 
 The best ``keep`` openers of each mechanism become the first reply's and the
 further Best-of-N candidates' openers, in order. They are saved in the
@@ -34,7 +36,13 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.lm.adapters import OPENER_POOL, SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds
+from trace_dspy.lm.adapters import (
+    OPENER_POOL,
+    SCAFFOLD_OPENERS,
+    emotion_valence,
+    opener_suits,
+    scaffold_kinds,
+)
 
 KEEP = 3  # as many as the stock openers: the first reply's and two further candidates'
 SHRINK = 4.0
@@ -107,6 +115,8 @@ def fit_openers(program, trainset: Sequence[dspy.Example], metric, *, pool: dict
         twice = kinds[0] == kinds[1]
         for kind in dict.fromkeys(kinds):
             for opener in pool.get(kind, ()):
+                if not opener_suits(opener, valence):  # a toned opener is only tried where it may be used
+                    continue
                 if _is_stock(kind, opener, twice):
                     scored[kind, opener].append((valence, first_score))
                     continue
@@ -150,7 +160,7 @@ def rank_openers(scored: dict[tuple[str, str], list[tuple[str, float]]], pool: d
             ranked = []
             for index, opener in enumerate(options):
                 values = scored.get((kind, opener)) or []
-                if not values:
+                if not values or not opener_suits(opener, valence):
                     continue
                 overall = sum(s for _, s in values) / len(values)
                 mine = values if valence == "any" else [(v, s) for v, s in values if v == valence]

@@ -9,7 +9,7 @@ import pytest
 
 import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.lm.adapters import ChatReplyAdapter, check_openers, emotion_valence
+from trace_dspy.lm.adapters import TONED_OPENERS, ChatReplyAdapter, check_openers, emotion_valence
 from trace_dspy.optimize.openers import fit_openers, rank_openers
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.program.pipeline import stage_signature
@@ -64,9 +64,12 @@ def test_the_fit_finds_the_opener_the_metric_prefers_for_each_valence():
     assert fit is not None and fit.items == 6 and fit.failed == 0
     assert fit.openers["positive"]["ER"][0] == "Wow, that"
     assert fit.openers["negative"]["ER"][0] == "I'm so sorry"
-    assert len(fit.openers["any"]["ER"]) == 3 and set(fit.openers["any"]["ER"][:2]) == {"Wow, that", "I'm so sorry"}
-    # Every ER and EX opener of the pool was tried on every dialogue (the stock one is the first reply itself).
-    assert fit.replies == 6 * (1 + 7 + 5)
+    # A toned opener answers only its own valence; with the emotion unknown ("any"), neutral openers only.
+    assert not {"I'm so sorry", "Oh no, that sounds"} & set(fit.openers["positive"]["ER"])
+    assert not {"Wow, that", "I'm really glad"} & set(fit.openers["negative"]["ER"])
+    assert len(fit.openers["any"]["ER"]) == 3 and not set(TONED_OPENERS) & set(fit.openers["any"]["ER"])
+    # Every ER and EX opener of the pool that suits the dialogue was tried (the stock one is the first reply).
+    assert fit.replies == 6 * (1 + 5 + 5)
     rows = [r for r in fit.record()["scores"] if r["valence"] == "negative" and r["mechanism"] == "ER"]
     assert {r["opener"] for r in rows} >= {"That sounds", "I'm so sorry"} and all(r["n"] == 3 for r in rows)
     assert program.reply_openers is None and program.config.best_of == 1  # the program given is not changed
@@ -90,6 +93,12 @@ def test_ranking_shrinks_a_valence_with_few_dialogues_towards_the_overall_mean()
     assert openers["negative"]["ER"] == ("B", "A") and openers["positive"]["ER"] == ("A", "B")
     # A mechanism nobody planned keeps the stock openers: it is left out of the table.
     assert "EX" not in openers["any"] and {r["mechanism"] for r in rows} == {"ER"}
+    # A toned opener is ranked only for its valence, however well it scored elsewhere.
+    scored = {("ER", "Oh no, that sounds"): [("positive", 0.9), ("negative", 0.9)], ("ER", "That sounds"): [
+        ("positive", 0.5), ("negative", 0.5)]}
+    openers, _ = rank_openers(scored, {"ER": ("That sounds", "Oh no, that sounds")}, keep=2)
+    assert openers["negative"]["ER"] == ("Oh no, that sounds", "That sounds")
+    assert openers["positive"]["ER"][0] == "That sounds" and "Oh no, that sounds" not in openers["any"]["ER"]
 
 
 def test_the_writer_takes_the_openers_of_the_emotion_s_valence():

@@ -129,6 +129,19 @@ OPENER_POOL = {
            "That must have been"),
     "EX": ("How are you feeling", "What happened", "How did", "How are you", "What did you", "Do you"),
 }
+# Openers with a tone, and the only valence they may answer: nobody should hear "Oh no" about good news, whatever
+# a metric says (the compile's first fit on ED ranked "Oh no, that sounds" first for pleasant emotions too, on
+# the strength of a few dialogues). The others are neutral; the model gives them their tone.
+TONED_OPENERS = {"Oh no, that sounds": "negative", "I'm so sorry": "negative",
+                 "Wow, that": "positive", "I'm really glad": "positive"}
+
+
+def opener_suits(opener: str, valence: str) -> bool:
+    """May ``opener`` begin a reply to an emotion of ``valence`` ("any" takes neutral openers only)?"""
+    tone = TONED_OPENERS.get(opener)
+    return tone is None or tone == valence
+
+
 # Fitted openers are kept per valence of the recognized emotion; "any" is the ranking over all dialogues, for an
 # emotion outside the 32 labels.
 OPENER_VALENCES = ("positive", "negative", "any")
