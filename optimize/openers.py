@@ -47,6 +47,9 @@ from trace_dspy.lm.adapters import (
 KEEP = 3  # as many as the stock openers: the first reply's and two further candidates'
 SHRINK = 4.0
 MIN_ITEMS = 4
+# A mechanism planned for fewer training dialogues than this keeps its stock openers: on 16 ED dialogues ER was
+# planned once, and one dialogue would have chosen its openers for every valence.
+MIN_TRIALS = 3
 
 
 @dataclass
@@ -145,18 +148,22 @@ def fit_openers(program, trainset: Sequence[dspy.Example], metric, *, pool: dict
 
 
 def rank_openers(scored: dict[tuple[str, str], list[tuple[str, float]]], pool: dict, *, keep: int = KEEP,
-                 shrink: float = SHRINK) -> tuple[dict[str, dict[str, tuple[str, ...]]], list[dict[str, Any]]]:
+                 shrink: float = SHRINK, min_trials: int = MIN_TRIALS,
+                 ) -> tuple[dict[str, dict[str, tuple[str, ...]]], list[dict[str, Any]]]:
     """Openers per valence and mechanism, best first, and the table of scores they were ranked by.
 
     A valence's score of an opener is its mean there, shrunk towards its mean
     over all dialogues; "any" ranks by that overall mean. Ties keep pool order
-    (stock openers first). A mechanism no dialogue planned keeps its stock openers.
+    (stock openers first). A mechanism planned for fewer than ``min_trials``
+    dialogues keeps its stock openers.
     """
     openers: dict[str, dict[str, tuple[str, ...]]] = {}
     rows: list[dict[str, Any]] = []
     for valence in ("positive", "negative", "any"):
         table = {}
         for kind, options in pool.items():
+            if max((len(scored.get((kind, o)) or []) for o in options), default=0) < min_trials:
+                continue
             ranked = []
             for index, opener in enumerate(options):
                 values = scored.get((kind, opener)) or []

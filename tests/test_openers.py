@@ -93,9 +93,11 @@ def test_ranking_shrinks_a_valence_with_few_dialogues_towards_the_overall_mean()
     assert openers["negative"]["ER"] == ("B", "A") and openers["positive"]["ER"] == ("A", "B")
     # A mechanism nobody planned keeps the stock openers: it is left out of the table.
     assert "EX" not in openers["any"] and {r["mechanism"] for r in rows} == {"ER"}
+    # A mechanism planned for too few dialogues keeps the stock openers too.
+    assert rank_openers({("ER", "A"): [("positive", 0.9)] * 2}, {"ER": ("A",)}, min_trials=3)[0] == {}
     # A toned opener is ranked only for its valence, however well it scored elsewhere.
-    scored = {("ER", "Oh no, that sounds"): [("positive", 0.9), ("negative", 0.9)], ("ER", "That sounds"): [
-        ("positive", 0.5), ("negative", 0.5)]}
+    scored = {("ER", "Oh no, that sounds"): [("positive", 0.9), ("negative", 0.9)] * 2, ("ER", "That sounds"): [
+        ("positive", 0.5), ("negative", 0.5)] * 2}
     openers, _ = rank_openers(scored, {"ER": ("That sounds", "Oh no, that sounds")}, keep=2)
     assert openers["negative"]["ER"] == ("Oh no, that sounds", "That sounds")
     assert openers["positive"]["ER"][0] == "That sounds" and "Oh no, that sounds" not in openers["any"]["ER"]
