@@ -334,8 +334,10 @@ class ChatReplyAdapter(dspy.ChatAdapter):
     The completion is the reply (``clean_reply``). With ``scaffold``
     (``reply_format = "scaffold"``) the system line drops the plan in words and
     the reply is written one sentence per planned mechanism, each call
-    continuing an opener (see ``scaffold_openers``). Every other stage is
-    formatted as by DSPy's ChatAdapter.
+    continuing an opener (see ``scaffold_openers``): the stock ones, or with
+    ``openers`` those a compile fitted, for the valence of the recognized
+    emotion (``openers_for``). Every other stage is formatted as by DSPy's
+    ChatAdapter.
     """
 
     def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, openers=None, **kwargs):
