@@ -46,8 +46,11 @@ class OptimizerConfig:
     simba_candidates: int = 2
     simba_bsize: int = 4
     # every optimizer, when the reply is scaffolded: rank the openers of each mechanism by the metric on this
-    # many training dialogues before compiling (trace_dspy.optimize.openers); 0 keeps the stock openers
-    opener_items: int = 16
+    # many training dialogues before compiling (trace_dspy.optimize.openers); 0 keeps the stock openers. Off by
+    # default: on 174 of 200 ED test items a compile with 32 scored -0.003 [-0.012, +0.005] against the stock
+    # openers, and on the seed set it cost the main job minutes and lowered dev (docs/benchmarks.md,
+    # "Fitted openers").
+    opener_items: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -73,7 +76,7 @@ class OptimizerConfig:
             "simba": ("simba_steps", "simba_candidates", "simba_bsize", "max_bootstrapped_demos"),
         }[self.name]
         return {"name": self.name, "seed": self.seed, **{k: getattr(self, k) for k in used},
-                "opener_items": self.opener_items}
+                **({"opener_items": self.opener_items} if self.opener_items else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -142,9 +142,10 @@ def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
                                    examples(2, 2), [])
         assert compiled.reply_openers["negative"]["ER"][0] == "I'm so sorry"
         assert compiled.opener_fit["items"] == 4
-        off = compile_program(OptimizerConfig(name="labeled", opener_items=0), scaffolded_program(), metric,
+        off = compile_program(OptimizerConfig(name="labeled"), scaffolded_program(), metric,  # off by default
                               examples(2, 2), [])
-        fields = compile_program(OptimizerConfig(name="labeled"), TraceProgram(ProgramConfig(reply_format="chat")),
+        fields = compile_program(OptimizerConfig(name="labeled", opener_items=4),
+                                 TraceProgram(ProgramConfig(reply_format="chat")),
                                  metric, examples(2, 2), [])
     assert off.reply_openers is None and fields.reply_openers is None
     # The compiled program writes with them: a reply to bad news opens with the fitted opener.
@@ -176,7 +177,7 @@ def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_mod
     loaded = load_reference("trace-dspy@v1").program
     assert loaded.reply_openers == check_openers(saved["openers"])
     # Without the fit, the manifest says so and the program keeps the stock openers.
-    assert main([*argv, "--opener-items", "0"]) == 0
+    assert main(argv) == 0  # off by default
     assert json.loads((tmp_path / "artifacts/trace-dspy/v0002/manifest.json").read_text())["reply_openers"] == {
         "openers": None}
     assert load_reference("trace-dspy@v2").program.reply_openers is None

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--simba-bsize", type=int, help="SIMBA minibatch size")
     opt.add_argument("--opener-items", type=int,
                      help="scaffolded replies: training dialogues the openers are ranked on before compiling "
-                          "(default 16; 0 keeps the stock openers)")
+                          "(default 0: the stock openers; measured in docs/benchmarks.md, \"Fitted openers\")")
     parser.add_argument("--train", type=int, help="training examples (default 16)")
     parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
     parser.add_argument("--val", type=int, help="selection examples, from the training side, apart from the train "

@@ -85,9 +85,9 @@ class ProgramConfig:
         trace_dspy.lm.adapters.ChatReplyAdapter), ``scaffold`` (the chat turns,
         and one sentence per planned mechanism, each begun with an opener the
         model goes on from: "That sounds" for ER, "You must be feeling" for IP,
-        "How are you feeling" for EX; see ``scaffold_openers``; a compile ranks
-        each mechanism's openers by the metric and the artifact keeps its own,
-        see trace_dspy.optimize.openers), or ``auto``:
+        "How are you feeling" for EX; see ``scaffold_openers``; a compile with
+        ``--opener-items`` ranks each mechanism's openers by the metric and the
+        artifact keeps its own, see trace_dspy.optimize.openers), or ``auto``:
         scaffold for a grammar-constrained small model (the embedded one), where
         it was measured against chat (docs/benchmarks.md, "Scaffolded replies"),
         fields otherwise. Artifacts saved before the option existed load as
