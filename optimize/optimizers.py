@@ -47,7 +47,7 @@ class OptimizerConfig:
     simba_bsize: int = 4
     # every optimizer, when the reply is scaffolded: rank the openers of each mechanism by the metric on this
     # many training dialogues before compiling (trace_dspy.optimize.openers); 0 keeps the stock openers. Off by
-    # default: on 174 of 200 ED test items a compile with 32 scored -0.003 [-0.012, +0.005] against the stock
+    # default: on 200 ED test items a compile with 32 scored -0.0015 [-0.0098, +0.0065] against the stock
     # openers, and on the seed set it cost the main job minutes and lowered dev (docs/benchmarks.md,
     # "Fitted openers").
     opener_items: int = 0
