@@ -190,15 +190,21 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
                     log: Callable[[str], None] | None = None) -> dspy.Module:
     """Compile ``program`` with the configured optimizer; the program's stage LMs carry over.
 
-    When the program writes scaffolded replies, the openers are fitted first
-    (``opener_items`` training dialogues; see trace_dspy.optimize.openers) and
-    the optimizer compiles the program that has them. The result then carries
-    ``reply_openers`` and ``opener_fit`` (the record for the manifest).
+    With ``opener_items`` > 0 and a program that writes scaffolded replies, the
+    openers are fitted first (on that many training dialogues; see
+    trace_dspy.optimize.openers) and the optimizer compiles the program that
+    has them. The result then carries ``reply_openers`` and ``opener_fit`` (the
+    record for the manifest). A program whose reply is not scaffolded keeps
+    its layout, and ``log`` says that no openers were fitted.
     """
     if not trainset:
         raise ConfigError("the training set is empty")
     fit = None
-    if cfg.opener_items and _scaffolded(program):
+    if cfg.opener_items and not _scaffolded(program):
+        (log or (lambda message: None))(
+            "openers: not fitted: the reply stage is not scaffolded for this LM (reply_format scaffold, or auto "
+            "with the embedded model)")
+    elif cfg.opener_items:
         from trace_dspy.optimize.openers import fit_openers
 
         fit = fit_openers(program, list(trainset)[:cfg.opener_items], metric, log=log)

@@ -144,10 +144,13 @@ def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
         assert compiled.opener_fit["items"] == 4
         off = compile_program(OptimizerConfig(name="labeled"), scaffolded_program(), metric,  # off by default
                               examples(2, 2), [])
+        said: list = []
         fields = compile_program(OptimizerConfig(name="labeled", opener_items=4),
                                  TraceProgram(ProgramConfig(reply_format="chat")),
-                                 metric, examples(2, 2), [])
+                                 metric, examples(2, 2), [], log=said.append)
     assert off.reply_openers is None and fields.reply_openers is None
+    assert said == ["openers: not fitted: the reply stage is not scaffolded for this LM (reply_format scaffold, "
+                    "or auto with the embedded model)"]
     # The compiled program writes with them: a reply to bad news opens with the fitted opener.
     with dspy.context(lm=lm):
         assert compiled(dialogue=BAD_NEWS.format(i=9)).response.startswith("I'm so sorry")
