@@ -119,9 +119,10 @@ SCAFFOLD_OPENERS = {
 }
 SCAFFOLD_SENTENCE_TOKENS = 32
 
-# The openers a compile may choose from (trace_dspy.optimize.openers ranks them by the metric on training
-# dialogues, separately for pleasant and unpleasant emotions, and stores the ranking in the artifact). The stock
-# openers come first; the others range from neutral to clearly toned, and the data decide which toned ones fit.
+# The openers a compile may choose from with --opener-items (trace_dspy.optimize.openers ranks them by the metric
+# on training dialogues, separately for pleasant and unpleasant emotions, and stores the ranking in the
+# artifact). The stock openers come first; the others range from neutral to toned, and a toned one may only
+# answer its own valence (TONED_OPENERS).
 OPENER_POOL = {
     "ER": ("That sounds", "Oh, that is", "I'm so", "Oh no, that sounds", "I'm so sorry", "That's so",
            "Wow, that", "I'm really glad"),
