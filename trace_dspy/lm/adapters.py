@@ -438,11 +438,8 @@ class ChatReplyAdapter(dspy.ChatAdapter):
 _CHAT_REPLY = {(ex, sc): ChatReplyAdapter(exemplars=ex, scaffold=sc) for ex in (False, True) for sc in (False, True)}
 
 
-def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False, openers=None) -> ChatReplyAdapter:
-    """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter); with fitted
-    ``openers``, one of its own."""
-    if openers:
-        return ChatReplyAdapter(exemplars=bool(exemplars), scaffold=bool(scaffold), openers=openers)
+def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False) -> ChatReplyAdapter:
+    """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
     return _CHAT_REPLY[bool(exemplars), bool(scaffold)]
 
 

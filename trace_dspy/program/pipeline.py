@@ -21,7 +21,13 @@ from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
 from trace_dspy.core.labels import ekman_group
 from trace_dspy.core.stages import BY_NAME, REGISTRY
-from trace_dspy.lm.adapters import chat_reply_adapter, choose_adapter, is_constrained
+from trace_dspy.lm.adapters import (
+    ChatReplyAdapter,
+    chat_reply_adapter,
+    check_openers,
+    choose_adapter,
+    is_constrained,
+)
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
@@ -112,6 +118,18 @@ class TraceProgram(dspy.Module):
         elif has and not want:
             predictor.signature = predictor.signature.delete("emotion_candidates")
 
+    @property
+    def reply_openers(self):
+        return self._reply_openers
+
+    @reply_openers.setter
+    def reply_openers(self, openers) -> None:
+        """Set (or drop, with None) fitted openers: checked once here, and the scaffolded reply's adapter is
+        built once with them, not on every reply call."""
+        self._reply_openers = check_openers(openers) if openers else None
+        self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
+                                                  openers=self._reply_openers) if self._reply_openers else None)
+
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
         unknown = set(stage_lms) - set(STAGES)
         if unknown:
@@ -127,9 +145,10 @@ class TraceProgram(dspy.Module):
         lm = self._stage_lms.get(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
         reply_format = self.reply_format(lm or dspy.settings.lm) if stage == "generate_response" else None
-        if reply_format in ("chat", "scaffold"):
-            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold",
-                                         openers=self.reply_openers if reply_format == "scaffold" else None)
+        if reply_format == "scaffold" and self._openers_adapter is not None:
+            adapter = self._openers_adapter
+        elif reply_format in ("chat", "scaffold"):
+            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold")
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 
@@ -151,9 +170,10 @@ class TraceProgram(dspy.Module):
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
-        # The reward metric is a cache (keyed by the demo replies it guards against) holding scorers and a lock.
+        # The reward metric is a cache (keyed by the demo replies it guards against) holding scorers and a lock;
+        # the fitted openers' adapter holds no per-call state.
         for shared in (*self._stage_lms.values(), self.retriever, self._emotion_prior, self._prior_encoder,
-                       self.reward_fn, self._reward_metric):
+                       self.reward_fn, self._reward_metric, self._openers_adapter):
             if shared is not None:
                 memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
