@@ -51,6 +51,10 @@ class OptimizerConfig:
     # openers, and on the seed set it cost the main job minutes and lowered dev (docs/benchmarks.md,
     # "Fitted openers").
     opener_items: int = 0
+    # every optimizer: choose the further reply plans on this many training dialogues before compiling
+    # (trace_dspy.optimize.plans): a reply is then written for the LM's plan and for each chosen plan, and the
+    # one with the best reply reward is kept. 0: the LM's plan only.
+    plan_items: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -76,7 +80,8 @@ class OptimizerConfig:
             "simba": ("simba_steps", "simba_candidates", "simba_bsize", "max_bootstrapped_demos"),
         }[self.name]
         return {"name": self.name, "seed": self.seed, **{k: getattr(self, k) for k in used},
-                **({"opener_items": self.opener_items} if self.opener_items else {})}
+                **({"opener_items": self.opener_items} if self.opener_items else {}),
+                **({"plan_items": self.plan_items} if self.plan_items else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +130,8 @@ def _select(cfg, program, metric, trainset, valset, prompt_lm):
             num_candidate_programs=cfg.select_candidates, num_threads=1)
         best = optimizer.compile(program, trainset=trainset, valset=valset or trainset)
     # -3 is the program as given: uncompiled, or with the openers this compile fitted and no demos
-    kinds = {-3: "no demos" if getattr(program, "reply_openers", None) else "uncompiled", -2: "labeled",
+    fitted = getattr(program, "reply_openers", None) or getattr(program, "reply_plans", None)
+    kinds = {-3: "no demos" if fitted else "uncompiled", -2: "labeled",
              -1: "bootstrap"}
     candidates = sorted(getattr(best, "candidate_programs", []), key=lambda c: c["seed"])
     if hasattr(best, "candidate_programs"):
@@ -196,6 +202,10 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
     has them. The result then carries ``reply_openers`` and ``opener_fit`` (the
     record for the manifest). A program whose reply is not scaffolded keeps
     its layout, and ``log`` says that no openers were fitted.
+
+    With ``plan_items`` > 0 the further reply plans are chosen next, on that
+    many training dialogues (trace_dspy.optimize.plans); the result carries
+    ``reply_plans`` and ``plan_fit``.
     """
     if not trainset:
         raise ConfigError("the training set is empty")
@@ -211,10 +221,21 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
         if fit is not None:
             program = program.deepcopy()
             program.reply_openers = fit.openers
+    plan_fit = None
+    if cfg.plan_items and hasattr(program, "reply_plans"):
+        from trace_dspy.optimize.plans import fit_plans
+
+        plan_fit = fit_plans(program, list(trainset)[:cfg.plan_items], metric, log=log)
+        if plan_fit is not None and plan_fit.plans:
+            program = program.deepcopy()
+            program.reply_plans = plan_fit.plans
     compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
     if fit is not None:  # an optimizer that rebuilds the program must not lose them
         compiled.reply_openers = fit.openers
         compiled.opener_fit = fit.record()
+    if plan_fit is not None:
+        compiled.reply_plans = plan_fit.plans
+        compiled.plan_fit = plan_fit.record()
     # Optimizers reset predictor LMs; TraceProgram keeps stage LMs outside its predictors,
     # but a foreign module may not: put them back if the copy lost them.
     if hasattr(program, "stage_lms") and hasattr(compiled, "set_stage_lms") and not compiled.stage_lms:

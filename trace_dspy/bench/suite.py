@@ -248,7 +248,7 @@ def program_fingerprint(program) -> str | None:
     parts = {"state": program.dump_state(), "config": program.config.to_dict(),
              "retriever": getattr(program.retriever, "fingerprint", None),
              "prior": id(program.emotion_prior) if program.emotion_prior is not None else None,
-             "openers": program.reply_openers,
+             "openers": program.reply_openers, "plans": program.reply_plans,
              "lms": sorted((stage, id(lm)) for stage, lm in program.stage_lms.items())}
     return json.dumps(parts, sort_keys=True, default=str)
 

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--opener-items", type=int,
                      help="scaffolded replies: training dialogues the openers are ranked on before compiling "
                           "(default 0: the stock openers; measured in docs/benchmarks.md, \"Fitted openers\")")
+    opt.add_argument("--plan-items", type=int,
+                     help="training dialogues the further reply plans are chosen on before compiling (0: the LM's "
+                          "plan only; docs/benchmarks.md, \"Further reply plans\")")
     parser.add_argument("--train", type=int, help="training examples (default 16)")
     parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
     parser.add_argument("--val", type=int, help="selection examples, from the training side, apart from the train "
@@ -84,7 +87,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     data_table = dict(settings.raw.get("data") or {})
     for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
                 "mipro_candidates", "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps",
-                "simba_candidates", "simba_bsize", "opener_items"):
+                "simba_candidates", "simba_bsize", "opener_items", "plan_items"):
         if getattr(args, key) is not None:
             opt_table[key] = getattr(args, key)
     if args.optimizer:

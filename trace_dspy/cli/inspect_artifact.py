@@ -115,6 +115,16 @@ def _openers_line(record: dict[str, Any] | None) -> str:
     return f"fitted on {record.get('items')} training dialogues; first {first}"
 
 
+def _plans_line(record: dict[str, Any] | None) -> str:
+    """The further reply plans, when the compile chose any, with the training scores they were chosen by."""
+    if not record or record.get("items") is None:
+        return "the LM's plan only (not fitted)"
+    plans = record.get("plans") or []
+    chosen = ", ".join(plans) if plans else "none"
+    return (f"the LM's plan + {chosen}: training score {_num(record.get('baseline'))} -> "
+            f"{_num(record.get('score'))} on {record.get('items')} dialogues")
+
+
 def render_summary(art: Artifact) -> str:
     s = summary(art)
     scores = s["scores"]
@@ -131,6 +141,7 @@ def render_summary(art: Artifact) -> str:
         ("program", _program_switches((s["config"] or {}).get("program") or {})),
         ("emotion", _prior_line(s["emotion_prior"], (s["config"] or {}).get("program") or {})),
         ("openers", _openers_line(s.get("reply_openers"))),
+        ("plans", _plans_line(s.get("reply_plans"))),
         ("models", _models(s["config"])),
         ("dspy", s["dspy"] or "-"),
         ("git commit", s["git_commit"] or "-"),

@@ -74,3 +74,18 @@ def ekman_group(emotion: str) -> str:
         raise ValueError(
             f"unknown emotion label {emotion!r}; expected one of the 32 EmpatheticDialogues labels"
         ) from None
+
+
+def check_plans(plans) -> tuple[tuple[str, str], ...]:
+    """Reply plans as (primary, secondary) pairs of STRATEGIES, in order and without repeats; ValueError names
+    the first bad entry. Accepts pairs or "ER+EX" strings (the manifest's spelling)."""
+    if isinstance(plans, (str, bytes)) or not hasattr(plans, "__iter__"):
+        raise ValueError(f"plans must be a list of (primary, secondary) pairs, not {type(plans).__name__}")
+    out: list[tuple[str, str]] = []
+    for entry in plans:
+        pair = tuple(entry.split("+")) if isinstance(entry, str) else tuple(entry) if hasattr(entry, "__iter__") else ()
+        if len(pair) != 2 or any(p not in STRATEGIES for p in pair):
+            raise ValueError(f"plan {entry!r} is not a pair of {', '.join(STRATEGIES)} (e.g. \"ER+EX\")")
+        if pair not in out:
+            out.append(pair)
+    return tuple(out)

@@ -19,7 +19,7 @@ import dspy
 from trace_dspy.core import spans
 from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
-from trace_dspy.core.labels import ekman_group
+from trace_dspy.core.labels import check_plans, ekman_group
 from trace_dspy.core.stages import BY_NAME, REGISTRY
 from trace_dspy.lm.adapters import (
     ChatReplyAdapter,
@@ -95,6 +95,10 @@ class TraceProgram(dspy.Module):
         # The scaffolded reply's openers as a compile fitted them (valence -> mechanism -> openers, best first;
         # trace_dspy.optimize.openers), saved in the artifact's manifest; None: the stock openers.
         self.reply_openers = None
+        # Further plans (primary, secondary) that a compile found worth writing a reply for
+        # (trace_dspy.optimize.plans), saved in the manifest; the reply stage then writes one for the LM's plan
+        # and one for each of these, and keeps the best by the reply reward. Empty: the LM's plan only.
+        self.reply_plans = ()
         self._stage_lms: dict[str, dspy.LM] = {}
         self.set_stage_lms(stage_lms or {})
 
@@ -129,6 +133,15 @@ class TraceProgram(dspy.Module):
         self._reply_openers = check_openers(openers) if openers else None
         self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
                                                   openers=self._reply_openers) if self._reply_openers else None)
+
+    @property
+    def reply_plans(self) -> tuple[tuple[str, str], ...]:
+        return self._reply_plans
+
+    @reply_plans.setter
+    def reply_plans(self, plans) -> None:
+        """Set (or drop, with None or ()) the further plans a reply is written for; checked here."""
+        self._reply_plans = check_plans(plans or ())
 
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
         unknown = set(stage_lms) - set(STAGES)
@@ -298,6 +311,9 @@ class TraceProgram(dspy.Module):
                 else:
                     state[name] = value
                     outputs[name] = value
+            if stage == "generate_response" and "plan_choice" in state:  # a further plan's reply was kept
+                outputs.update({k: state[k] for k in ("strategy", "secondary_strategy") if k in state})
+                outputs["reply_plans"] = state.pop("plan_choice")
             if stage == "infer_commonsense":
                 state["commonsense"] = "; ".join(f"{label}: {result[key]}" for key, label in _ATOMIC)
 
@@ -307,11 +323,55 @@ class TraceProgram(dspy.Module):
         if stage == "recognize_emotion" and state.get("prior_label"):
             return dspy.Prediction(emotion=state["prior_label"])
         with self._stage_context(stage):
+            if stage == "generate_response" and self._reply_plans and "strategy" in inputs:
+                return self._plan_replies(predictor, inputs, state)
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
                 result, rewards = self._best_reply(predictor, inputs)
                 state["reply_rewards"] = rewards
                 return result
             return predictor(**inputs)
+
+    def plan_reply(self, predictor, inputs: dict) -> tuple[dspy.Prediction, float, list[float]]:
+        """The reply for the plan in ``inputs`` (Best-of-N as configured): the kept reply, its reward, and
+        every candidate's reward. Call inside the reply stage's context."""
+        if self.best_of(dspy.settings.lm) > 1:
+            result, rewards = self._best_reply(predictor, inputs)
+            return result, max(rewards), rewards
+        result = predictor(**inputs)
+        reward = self.reply_reward(inputs, result)
+        return result, reward, [reward]
+
+    def _plan_replies(self, predictor, inputs: dict, state: dict):
+        """A reply for the LM's plan and for each fitted further plan; the one with the best reward is kept,
+        and its plan becomes the program's. A further plan whose reply fails is skipped (the LM's must not fail)."""
+        own = (inputs["strategy"], inputs.get("secondary_strategy", inputs["strategy"]))
+        tried: list[dict] = []
+        best = None
+        rewards_all: list[float] = []
+        for number, plan in enumerate(dict.fromkeys([own, *self._reply_plans])):
+            args = {**inputs, "strategy": plan[0]}
+            if "secondary_strategy" in inputs:
+                args["secondary_strategy"] = plan[1]
+            with spans.span(f"plan {'+'.join(plan)}", inputs={"strategy": plan[0], "secondary_strategy": plan[1]}) \
+                    as sp:
+                try:
+                    result, reward, rewards = self.plan_reply(predictor, args)
+                except Exception:
+                    if number == 0:
+                        raise
+                    continue
+                sp.set_outputs({"response": getattr(result, "response", None), "reward": reward})
+            rewards_all.extend(rewards)
+            tried.append({"plan": "+".join(plan), "reward": round(float(reward), 4)})
+            if best is None or reward > best[1]:
+                best = (result, reward, plan)
+        result, _, plan = best
+        state["strategy"] = plan[0]
+        if "secondary_strategy" in inputs:
+            state["secondary_strategy"] = plan[1]
+        state["plan_choice"] = tried
+        state["reply_rewards"] = rewards_all
+        return result
 
     def reply_reward(self, inputs: dict, pred) -> float:
         """The reference-free metric score of a reply candidate: no gold reply, no LM call.

@@ -229,6 +229,7 @@ _MANIFEST_SCHEMA: dict[str, tuple[type, ...]] = {
     "predictors": (list,), "git_commit": (str, type(None)), "packages": (dict,), "optimizer": (dict,),
     "metric": (dict,), "scores": (dict,), "data": (dict,), "mlflow": (dict,), "command": (str,),
     "retrieval": (dict,), "emotion_prior": (dict,), "reply_openers": (dict,),
+    "reply_plans": (dict,),
 }
 
 
@@ -398,6 +399,7 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
     program = build_program(config, state, where=str(folder / "program.json"),
                             emotion_prior=_load_prior(folder, manifest, config))
     program.reply_openers = _load_openers(folder, manifest)
+    program.reply_plans = _load_plans(folder, manifest)
     if config.retrieval.enabled and (folder / "index").is_dir():
         from trace_dspy.data.retrieval import ExemplarIndex
 
@@ -424,6 +426,19 @@ def _load_openers(folder: Path, manifest: dict[str, Any]):
         return check_openers(openers)
     except ValueError as exc:
         raise ArtifactError(folder / "manifest.json", "reply_openers.openers", str(exc)) from None
+
+
+def _load_plans(folder: Path, manifest: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The further reply plans a compile chose; () (the LM's plan only) for artifacts compiled without them."""
+    from trace_dspy.core.labels import check_plans
+
+    plans = (manifest.get("reply_plans") or {}).get("plans")
+    if plans is None:
+        return ()
+    try:
+        return check_plans(plans)
+    except ValueError as exc:
+        raise ArtifactError(folder / "manifest.json", "reply_plans.plans", str(exc)) from None
 
 
 def _load_prior(folder: Path, manifest: dict[str, Any], config: ProgramConfig):

@@ -85,6 +85,7 @@ def summary(art: Artifact) -> dict[str, Any]:
         "retrieval": m.get("retrieval"),
         "emotion_prior": m.get("emotion_prior"),
         "reply_openers": {k: v for k, v in (m.get("reply_openers") or {}).items() if k != "scores"} or None,
+        "reply_plans": {k: v for k, v in (m.get("reply_plans") or {}).items() if k != "options"} or None,
         "dspy": (m.get("packages") or {}).get("dspy"),
         "packages": m.get("packages") or {},
         "git_commit": m.get("git_commit"),

@@ -178,6 +178,9 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 # The scaffolded reply's openers, when this compile fitted them, with the scores they were
                 # ranked by (trace_dspy.optimize.openers); loading puts them back on the program.
                 "reply_openers": getattr(compiled, "opener_fit", None) or {"openers": None},
+                # The further plans a reply is written for, when this compile chose any, with the training
+                # table they were chosen by (trace_dspy.optimize.plans); loading puts them back.
+                "reply_plans": getattr(compiled, "plan_fit", None) or {"plans": []},
             }
             index_dir = None
             if retriever is not None:
