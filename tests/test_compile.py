@@ -89,7 +89,7 @@ def test_the_parsed_config_drives_the_run(fake_models, tmp_path):
     m = result.manifest
     assert result.artifact == tmp_path / "artifacts/drive/v0001"
     assert len(m["data"]["train_ids"]) == 5 and len(m["data"]["dev_ids"]) == 4 and result.before["n"] == 4
-    assert m["optimizer"] == {"name": "labeled", "seed": 2, "max_labeled_demos": 3}
+    assert m["optimizer"] == {"name": "labeled", "seed": 2, "max_labeled_demos": 3, "plan_items": 16}
     state = json.loads((result.artifact / "program.json").read_text())
     assert all(len(state[s]["demos"]) == 3 for s in STAGES)
     assert m["mlflow"]["run_id"] is None and m["config"]["data"]["seed"] == 2

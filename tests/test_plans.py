@@ -145,13 +145,14 @@ def test_compile_program_chooses_plans_only_when_asked():
     with dspy.context(lm=lm):
         compiled = compile_program(OptimizerConfig(name="labeled", plan_items=4), prog, metric, examples(), [],
                                    log=said.append)
-        off = compile_program(OptimizerConfig(name="labeled"), prog, metric, examples(), [])
+        off = compile_program(OptimizerConfig(name="labeled", plan_items=0), prog, metric, examples(), [])
         assert compiled(dialogue="Speaker: my exam went badly.").response == "A reply for EX+EX."
     assert compiled.reply_plans == (("EX", "EX"),) and compiled.plan_fit["items"] == 4
     assert off.reply_plans == () and not hasattr(off, "plan_fit")
     assert said[0] == "plans: writing replies for 6 plans on 4 training dialogues"
     assert OptimizerConfig(name="labeled", plan_items=4).settings()["plan_items"] == 4
-    assert "plan_items" not in OptimizerConfig(name="labeled").settings()
+    assert OptimizerConfig().plan_items == 16 and OptimizerConfig().settings()["plan_items"] == 16  # on by default
+    assert "plan_items" not in OptimizerConfig(name="labeled", plan_items=0).settings()
 
 
 @pytest.fixture
@@ -179,7 +180,7 @@ def test_the_compile_saves_the_plans_and_loading_restores_them(fake_models, tmp_
     assert saved["items"] == 4 and isinstance(saved["plans"], list) and len(saved["options"]) == 6
     assert manifest["optimizer"]["plan_items"] == 4
     assert load_reference("trace-dspy@v1").program.reply_plans == check_plans(saved["plans"])
-    assert main(argv) == 0  # off by default
+    assert main([*argv, "--plan-items", "0"]) == 0
     assert json.loads((tmp_path / "artifacts/trace-dspy/v0002/manifest.json").read_text())["reply_plans"] == {
         "plans": []}
     assert load_reference("trace-dspy@v2").program.reply_plans == ()

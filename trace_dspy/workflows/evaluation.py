@@ -51,7 +51,7 @@ from trace_dspy.optimize.scorers import (
 from trace_dspy.workflows.settings import Settings
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
-                     "strategy", "secondary_strategy", "response", "emotion_path", "reply_rewards")
+                     "strategy", "secondary_strategy", "response", "emotion_path", "reply_rewards", "reply_plans")
 # Below this many finished examples the failure rate is too noisy to stop on.
 MIN_EXAMPLES_FOR_FAILURE_STOP = 10
 
