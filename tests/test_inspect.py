@@ -60,7 +60,7 @@ def test_summary_shows_manifest_and_every_stage(two_versions, capsys):
     assert main(["trace-dspy@v1"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("trace-dspy@v1")
-    assert "optimizer   labeled (seed=0, max_labeled_demos=1)" in out
+    assert "optimizer   labeled (seed=0, max_labeled_demos=1, plan_items=16)" in out
     assert v1["data"]["fingerprint"] in out and "(3 train, 2 dev)" in out
     empathy = next(line for line in out.splitlines() if line.strip().startswith("empathy"))
     before, after = v1["scores"]["dev_before"]["empathy"], v1["scores"]["dev_after"]["empathy"]

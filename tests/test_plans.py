@@ -63,6 +63,9 @@ def test_the_program_keeps_the_reply_with_the_best_reward_and_reports_its_plan()
     assert (out.strategy, out.secondary_strategy) == ("EX", "EX")
     assert out.reply_plans == [{"plan": "IP+EX", "reward": 0.4}, {"plan": "EX+EX", "reward": 0.9},
                                {"plan": "ER+IP", "reward": 0.4}]
+    from trace_dspy.workflows.batch import format_stages
+
+    assert f"{'reply_plans':<28} IP+EX 0.4 | EX+EX 0.9 | ER+IP 0.4" in format_stages(out).splitlines()
     # A tie keeps the LM's own plan; a fitted plan equal to the LM's is not written twice.
     calls.clear()
     prog.reward_fn = lambda inputs, pred: 0.5

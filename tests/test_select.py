@@ -45,7 +45,7 @@ def test_the_default_optimizer_keeps_the_uncompiled_program_when_demos_get_paste
     lm = dspy.LM("fake/pasting", engine=engine, cache=False)
     metric = EmpathyMetric(embedder=None, copy_sources=[TRAIN_REPLY])
     assert DEFAULT_OPTIMIZER == "select"
-    cfg = OptimizerConfig(max_bootstrapped_demos=1, max_labeled_demos=1)
+    cfg = OptimizerConfig(max_bootstrapped_demos=1, max_labeled_demos=1, plan_items=0)  # demos only: no plans
     with dspy.context(lm=lm):
         compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3))
         reply = compiled(dialogue="Speaker: My cat has been missing since Sunday.").response

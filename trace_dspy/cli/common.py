@@ -222,18 +222,22 @@ class TerminalStatus:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
         self.shown = False
+        self.text = None  # what the line says now
 
     def show(self, text: str) -> None:
-        if self.enabled:
+        # The same words again (a reply written for a second plan, a further candidate) leave the line as it is.
+        if self.enabled and not (self.shown and text == self.text):
             self.stream.write("\r\033[K" + text)
             self.stream.flush()
             self.shown = True
+            self.text = text
 
     def clear(self) -> None:
         if self.shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
             self.shown = False
+            self.text = None
 
 
 def stage_status_callback(program, status: TerminalStatus):

@@ -31,7 +31,10 @@ def stage_outputs(pred: dspy.Prediction) -> dict[str, Any]:
 def format_stages(pred: dspy.Prediction) -> str:
     lines = []
     for key, value in stage_outputs(pred).items():
-        if isinstance(value, list):
+        if key == "reply_plans" and isinstance(value, list):  # each plan written for, with its reply's reward
+            value = " | ".join(f"{t.get('plan')} {t.get('reward')}" if isinstance(t, dict) else str(t)
+                               for t in value)
+        elif isinstance(value, list):
             value = " | ".join(map(str, value))
         lines.append(f"{key:<28} {value}")
     lines.append(f"{'response':<28} {pred.response}")
