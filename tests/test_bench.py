@@ -84,7 +84,9 @@ def test_quality_bench_tables_intervals_charts_and_mlflow(tmp_path, monkeypatch,
     assert summaries["trace_paper"]["prompt_tokens_per_dialogue"] > summaries["single_cot"]["prompt_tokens_per_dialogue"]
     assert all(s["n"] == 8 and s["failed"] == 0 for s in summaries.values())
     assert result["run"]["lm"]["default"]["cache"] is False  # every call is really made, so costs are real
-    assert result["compile"]["compiled_labeled"]["lm_calls"] == 0  # LabeledFewShot only copies demos
+    # LabeledFewShot only copies demos; the calls are the further-plan fit's (on by default): per training
+    # dialogue the four stages once, then one reply for each of the five plans other than the planner's.
+    assert result["compile"]["compiled_labeled"]["lm_calls"] == 4 * (4 + 5)
 
     # The paired intervals are over the same examples: recompute one by hand from the rows.
     rows = {name: [json.loads(x) for x in (tmp_path / f"out/quality_rows/{name}.jsonl").read_text().splitlines()]
@@ -111,10 +113,10 @@ def test_quality_bench_tables_intervals_charts_and_mlflow(tmp_path, monkeypatch,
     (parent,) = [r for r in runs if r.data.tags.get("trace_dspy.kind") == "bench-quality"]
     assert all(r.data.tags.get("mlflow.parentRunId") == parent.info.run_id for r in systems.values())
 
-    # A rerun resumes from the rows: only the compile runs the LM again (labeled: not at all).
+    # A rerun resumes from the rows: only the compile runs the LM again (labeled: just the further-plan fit).
     calls = len(engine.calls)
     assert main(argv + ["--no-mlflow"]) == 0
-    assert len(engine.calls) == calls
+    assert len(engine.calls) == calls + 4 * (4 + 5)
 
 
 def test_quality_bench_user_errors(capsys, tmp_path, monkeypatch):

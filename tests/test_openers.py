@@ -138,14 +138,14 @@ def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
     lm, _ = fake_lm(writer(), strategy="ER", secondary_strategy="EX")
     metric = prefers("Wow, that", "I'm so sorry")
     with dspy.context(lm=lm):
-        compiled = compile_program(OptimizerConfig(name="labeled", opener_items=4), scaffolded_program(), metric,
-                                   examples(2, 2), [])
+        compiled = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
+                                   scaffolded_program(), metric, examples(2, 2), [])
         assert compiled.reply_openers["negative"]["ER"][0] == "I'm so sorry"
         assert compiled.opener_fit["items"] == 4
-        off = compile_program(OptimizerConfig(name="labeled"), scaffolded_program(), metric,  # off by default
+        off = compile_program(OptimizerConfig(name="labeled", plan_items=0), scaffolded_program(), metric,  # off
                               examples(2, 2), [])
         said: list = []
-        fields = compile_program(OptimizerConfig(name="labeled", opener_items=4),
+        fields = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
                                  TraceProgram(ProgramConfig(reply_format="chat")),
                                  metric, examples(2, 2), [], log=said.append)
     assert off.reply_openers is None and fields.reply_openers is None
