@@ -110,12 +110,9 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
             if plan == own:
                 trials[plan] = trials["lm"]
                 continue
-            args = {**inputs, "strategy": plan[0]}
-            if "secondary_strategy" in args:
-                args["secondary_strategy"] = plan[1]
             try:
                 with base._stage_context("generate_response"):
-                    result, reward, rewards = base.plan_reply(base.generate_response, args)
+                    result, reward, rewards = base.plan_reply(base.generate_response, inputs, plan)
                 pred = dspy.Prediction(**{**first.toDict(), "response": result.response, "strategy": plan[0],
                                           "secondary_strategy": plan[1]})
                 trials[plan] = (float(reward), float(metric(example, pred)))

@@ -331,9 +331,13 @@ class TraceProgram(dspy.Module):
                 return result
             return predictor(**inputs)
 
-    def plan_reply(self, predictor, inputs: dict) -> tuple[dspy.Prediction, float, list[float]]:
-        """The reply for the plan in ``inputs`` (Best-of-N as configured): the kept reply, its reward, and
-        every candidate's reward. Call inside the reply stage's context."""
+    def plan_reply(self, predictor, inputs: dict, plan: tuple[str, str]) -> tuple[dspy.Prediction, float, list[float]]:
+        """The reply written for ``plan`` (primary, secondary) in place of the plan in ``inputs`` (Best-of-N as
+        configured): the kept reply, its reward, and every candidate's reward. Call inside the reply stage's
+        context."""
+        inputs = {**inputs, "strategy": plan[0]}
+        if "secondary_strategy" in inputs:
+            inputs["secondary_strategy"] = plan[1]
         if self.best_of(dspy.settings.lm) > 1:
             result, rewards = self._best_reply(predictor, inputs)
             return result, max(rewards), rewards
@@ -349,13 +353,10 @@ class TraceProgram(dspy.Module):
         best = None
         rewards_all: list[float] = []
         for number, plan in enumerate(dict.fromkeys([own, *self._reply_plans])):
-            args = {**inputs, "strategy": plan[0]}
-            if "secondary_strategy" in inputs:
-                args["secondary_strategy"] = plan[1]
             with spans.span(f"plan {'+'.join(plan)}", inputs={"strategy": plan[0], "secondary_strategy": plan[1]}) \
                     as sp:
                 try:
-                    result, reward, rewards = self.plan_reply(predictor, args)
+                    result, reward, rewards = self.plan_reply(predictor, inputs, plan)
                 except Exception:
                     if number == 0:
                         raise
