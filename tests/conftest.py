@@ -118,19 +118,28 @@ def echo_reply(outputs, inputs):
     return {}
 
 
+def offline_workdir(tmp_path: Path, monkeypatch, lm=None) -> Path:
+    """Run commands in tmp_path as a fresh checkout would: artifacts under it, no data source from the
+    environment (the seed set), and, given ``lm``, that fake for every LM the commands build."""
+    if lm is not None:
+        import trace_dspy.lm.specs as lms_module
+
+        monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    return tmp_path
+
+
 def compile_fast(tmp_path: Path, monkeypatch, *, trace: bool = True) -> str:
     """One compile with a fake LM (and a key in the environment) into tmp_path; returns the tracking URI.
 
     The artifact is tmp_path/artifacts/trace-dspy/v0001. ``trace=False``: no evaluation runs (a few seconds
     less, for tests about other things)."""
-    import trace_dspy.lm.specs as lms_module
     from trace_dspy.cli.compile import main
 
     lm, _ = fake_lm(echo_reply)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    offline_workdir(tmp_path, monkeypatch, lm)
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     (tmp_path / "fast.toml").write_text(FAST_CONFIG)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -24,6 +24,7 @@ from trace_dspy.store.artifacts import (
 )
 from trace_dspy.store.registry import champion, promote_if_better, register_version
 from trace_dspy.testing.fakes import fake_lm
+from conftest import offline_workdir
 from trace_dspy.workflows.compile import run_compile
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
@@ -42,10 +43,7 @@ def reply_for(outputs, inputs):
 @pytest.fixture
 def fake_models(monkeypatch, tmp_path):
     lm, engine = fake_lm(reply_for, new_instruction="Be warm and specific.")
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    offline_workdir(tmp_path, monkeypatch, lm)
     return engine
 
 

@@ -7,7 +7,7 @@ import json
 import dspy
 import pytest
 
-import trace_dspy.lm.specs as lms_module
+from conftest import offline_workdir
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.lm.adapters import TONED_OPENERS, ChatReplyAdapter, check_openers, emotion_valence
 from trace_dspy.optimize.openers import fit_openers, rank_openers
@@ -159,10 +159,7 @@ def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
 @pytest.fixture
 def fake_models(monkeypatch, tmp_path):
     lm, engine = fake_lm(writer(), strategy="ER", secondary_strategy="EX")
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    offline_workdir(tmp_path, monkeypatch, lm)
     (tmp_path / "scaffold.toml").write_text('[program]\nreply_format = "scaffold"\nbest_of = 1\n')
     return engine
 

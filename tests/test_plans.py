@@ -7,7 +7,7 @@ import json
 import dspy
 import pytest
 
-import trace_dspy.lm.specs as lms_module
+from conftest import offline_workdir
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import check_plans
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
@@ -31,14 +31,10 @@ def writer(calls: list | None = None, fail_for: str | None = None):
 
 
 def prefers(plan: str, score: float = 0.9):
-    """A metric (and reward) that likes replies written for ``plan``."""
-    def metric(example, pred, trace=None):
+    """A metric ``(example, pred)`` or reply reward ``(inputs, pred)`` that likes replies written for ``plan``."""
+    def scored(example_or_inputs, pred, trace=None):
         return score if f"for {plan}." in pred.response else 0.4
-    return metric
-
-
-def reward_of(plan: str, value: float = 0.9):
-    return lambda inputs, pred: value if f"for {plan}." in pred.response else 0.4
+    return scored
 
 
 def program(**config):
@@ -55,7 +51,7 @@ def test_the_program_keeps_the_reply_with_the_best_reward_and_reports_its_plan()
     lm, _ = fake_lm(writer(calls), strategy="IP", secondary_strategy="EX")
     prog = program()
     prog.reply_plans = ["EX+EX", ("ER", "IP")]
-    prog.reward_fn = reward_of("EX+EX")
+    prog.reward_fn = prefers("EX+EX")
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
     assert calls == ["IP+EX", "EX+EX", "ER+IP"]  # the LM's plan first, then the fitted ones in order
@@ -85,7 +81,7 @@ def test_a_failing_further_plan_is_skipped_but_the_lm_s_own_plan_must_not_fail()
     lm, _ = fake_lm(writer(fail_for="EX+EX"), strategy="IP", secondary_strategy="EX")
     prog = program()
     prog.reply_plans = ["EX+EX", "ER+IP"]
-    prog.reward_fn = reward_of("ER+IP")
+    prog.reward_fn = prefers("ER+IP")
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
     assert out.response == "A reply for ER+IP." and [t["plan"] for t in out.reply_plans] == ["IP+EX", "ER+IP"]
@@ -97,7 +93,7 @@ def test_a_failing_further_plan_is_skipped_but_the_lm_s_own_plan_must_not_fail()
 def test_the_fit_chooses_the_plan_that_raises_the_metric_where_the_reward_would_keep_it():
     lm, _ = fake_lm(writer(), strategy="IP", secondary_strategy="EX")
     prog = program()
-    prog.reward_fn = reward_of("EX+EX")
+    prog.reward_fn = prefers("EX+EX")
     with dspy.context(lm=lm):
         fit = fit_plans(prog, examples(), prefers("EX+EX"))
     assert fit is not None and fit.plans == (("EX", "EX"),)
@@ -142,7 +138,7 @@ def test_bad_plans_are_refused(plans, message):
 def test_compile_program_chooses_plans_only_when_asked():
     lm, _ = fake_lm(writer(), strategy="IP", secondary_strategy="EX")
     prog = program()
-    prog.reward_fn = reward_of("EX+EX")
+    prog.reward_fn = prefers("EX+EX")
     metric = prefers("EX+EX")
     said: list = []
     with dspy.context(lm=lm):
@@ -161,12 +157,9 @@ def test_compile_program_chooses_plans_only_when_asked():
 @pytest.fixture
 def fake_models(monkeypatch, tmp_path):
     lm, engine = fake_lm(writer(), strategy="IP", secondary_strategy="EX")
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    offline_workdir(tmp_path, monkeypatch, lm)
     # The compile's reward: replies written for EX+EX are the good ones.
-    monkeypatch.setattr(TraceProgram, "reply_reward", lambda self, inputs, pred: reward_of("EX+EX")(inputs, pred))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    monkeypatch.setattr(TraceProgram, "reply_reward", lambda self, inputs, pred: prefers("EX+EX")(inputs, pred))
     (tmp_path / "one.toml").write_text("[program]\nbest_of = 1\nprior_k = 0\n")
     return engine
 

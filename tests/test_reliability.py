@@ -41,6 +41,7 @@ from trace_dspy.testing.fakes import (
 )
 from trace_dspy.workflows.batch import respond_batch
 from trace_dspy.workflows.evaluation import FailureRateExceeded, evaluate_program
+from conftest import offline_workdir
 
 TRANSPORT = {"timeout": 0.1, "server_error": 0.1, "rate_limit": 0.1}  # 30% retryable faults
 # No sentence-embedding model to load: token-F1 similarity, and no emotion prior (its faults are not these).
@@ -89,9 +90,7 @@ def sleeps(monkeypatch):
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
+    offline_workdir(tmp_path, monkeypatch)
     (tmp_path / "fast.toml").write_text(FAST_METRIC)
     return tmp_path
 
@@ -534,11 +533,8 @@ def test_kill_9_during_compile_leaves_no_version_and_the_rerun_is_gap_free(tmp_p
     from trace_dspy.cli.compile import main
 
     (tmp_path / "fast.toml").write_text(FAST_METRIC)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
-    monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
     lm, _ = fake_lm(echo)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    offline_workdir(tmp_path, monkeypatch, lm)
     argv = ["--optimizer", "labeled", "--train", "4", "--dev", "12", "--threads", "1", "--no-mlflow",
             "--config", "fast.toml"]
     assert main(argv) == 0  # v0001 exists before the killed runs
