@@ -89,9 +89,11 @@ def test_quality_bench_tables_intervals_charts_and_mlflow(tmp_path, monkeypatch,
     assert result["compile"]["compiled_labeled"]["lm_calls"] == 4 * (4 + 5)
 
     # The paired intervals are over the same examples: recompute one by hand from the rows.
-    rows = {name: [json.loads(x) for x in (tmp_path / f"out/quality_rows/{name}.jsonl").read_text().splitlines()]
+    # Rows are appended as threads finish them, so the two files are paired by id, not by line.
+    rows = {name: sorted((json.loads(x) for x in (tmp_path / f"out/quality_rows/{name}.jsonl").read_text().splitlines()),
+                         key=lambda r: r["id"])
             for name in ("single_cot", "trace")}
-    assert [r["id"] for r in rows["trace"]] == [r["id"] for r in rows["single_cot"]]
+    assert [r["id"] for r in rows["trace"]] == [r["id"] for r in rows["single_cot"]] and len(rows["trace"]) == 8
     diffs = [per_example(t)["emotion_correct"] - per_example(b)["emotion_correct"]
              for t, b in zip(rows["trace"], rows["single_cot"])]
     diff, low, high = result["paired_vs_baseline"]["trace"]["emotion_correct"]
