@@ -8,9 +8,14 @@
 Batch input: one JSON object per line with ``turns`` (a list of turns, ending
 on the speaker) or ``dialogue`` (a string of Speaker:/Listener: lines, or a
 list), and optionally ``id`` (default: the line number). Each output line
-holds the id and either the reply with every stage's output, or the error
-for that line. A rerun skips the ids already answered and retries the
-failed ones; the file is rewritten in input order when the run ends.
+holds the id, ``line``, ``dialogue_sha256`` (what it answered) and
+``trace_dspy_output: 1``, and either the reply with every stage's output,
+or the error for that line. A rerun keeps an answer only for the dialogue
+it answered (same id and hash; a line without an id takes any earlier
+answer to its dialogue), asks changed and failed lines again, and moves
+earlier rows the input no longer asks for to ``<output>.stale.jsonl``;
+the file is rewritten in input order when the run ends. An --output that
+holds anything but this command's rows is refused and left unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
 from trace_dspy.core.safety import terminal_safe
 from trace_dspy.workflows.batch import (
     BatchError,
+    OutputWriteError,
     check_batch_paths,
     format_stages,
     respond_batch,
@@ -144,6 +150,8 @@ def _answer(args: argparse.Namespace, message: str | None, program, default_lm) 
             report = respond_batch(program, args.input, args.output, threads=args.threads, lm=default_lm)
         except BatchError as exc:
             return fail(str(exc))
+        except OutputWriteError as exc:  # disk full: the rows written so far are on disk
+            return fail(str(exc), code=1)
         except KeyboardInterrupt:
             if args.threads <= 1:
                 raise
@@ -219,6 +227,8 @@ def _run_spark(args: argparse.Namespace) -> int:
                                    partitions=args.partitions, executor_env=env)
         except (BatchError, SparkUnavailable, ValueError, FileNotFoundError) as exc:
             return fail(str(exc))
+        except OutputWriteError as exc:
+            return fail(str(exc), code=1)
         except Exception as exc:  # a Spark job that failed as a whole (rows answered so far are on disk)
             return fail(f"the Spark job failed: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}; the rows "
                         f"answered before it are in {args.output}, and a rerun answers the rest", code=1)

@@ -23,7 +23,7 @@ class ForeignFileError(ValueError):
 
 
 def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[dict], bool] | None = None,
-                 what: str = "results") -> dict[str, dict]:
+                 what: str = "results", strict: bool = False) -> dict[str, dict]:
     """Records of an earlier run by ``key``, the last one per key winning.
 
     Nothing that was finished is dropped: a corrupt line is skipped with a
@@ -32,6 +32,16 @@ def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[
     valid JSONL. ``accept`` tells this command's records from anything else:
     a non-empty file with no accepted record is refused (``ForeignFileError``)
     rather than overwritten.
+
+    ``strict``: one readable JSON line that ``accept`` refuses is enough to
+    refuse the file, so that a file mixing a user's records with a few
+    records of ours is never taken for ours. Only lines that are not JSON
+    at all count as damage then. The last line without its newline is
+    read as a record if it is one (ours: kept, the newline added; another
+    kind: the file is refused); it is cut off as torn only when it is not
+    JSON and the rest of the file is this command's, or when it is all the
+    file holds and begins as this command's records do (``{"<key>": ``).
+    Nothing is changed in a file that is refused.
     """
     from trace_dspy.core.safety import JSONLimitError, load_json
 
@@ -49,25 +59,48 @@ def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[
             continue
         try:
             rec = load_json(raw, f"{path}:{n}")
-            if not isinstance(rec, dict) or key not in rec or (accept is not None and not accept(rec)):
-                raise JSONLimitError(f"{path}:{n}: not a {what} record")
         except JSONLimitError as exc:
             bad.append(str(exc))
             continue
+        if not isinstance(rec, dict) or key not in rec or (accept is not None and not accept(rec)):
+            if strict:
+                raise _foreign(path, what, f"line {n} is not one of its records")
+            bad.append(f"{path}:{n}: not a {what} record")
+            continue
         records[str(rec[key])] = rec
+    newline_missing = False
+    if strict and complete != len(data):
+        tail, last = data[complete:], data.count(b"\n", 0, complete) + 1
+        try:
+            rec = load_json(tail, f"{path}:{last}")
+        except JSONLimitError:  # a torn line: cut off below, if the file is ours
+            if not records and not bad and not tail.lstrip().startswith(b'{"%s": ' % key.encode()):
+                raise _foreign(path, what, "its only line is not JSON") from None
+        else:
+            if not isinstance(rec, dict) or key not in rec or (accept is not None and not accept(rec)):
+                raise _foreign(path, what, "its last line is not one of its records")
+            records[str(rec[key])] = rec
+            newline_missing = True
     if bad and not records:
-        raise ForeignFileError(f"{path} exists and is not a {what} file of this command ({bad[0]}); it was left "
-                               "as it is. Choose another output, or move that file away")
+        raise _foreign(path, what, bad[0])
     for message in bad[:5]:
         log.warning("skipping a damaged line: %s", message)
     if len(bad) > 5:
         log.warning("skipping %d more damaged lines of %s", len(bad) - 5, path)
-    if complete != len(data):
+    if newline_missing:  # a complete last record, only its newline missing: appends go after it
+        with open(path, "ab") as fh:
+            fh.write(b"\n")
+    elif complete != len(data):
         log.warning("%s: cutting off a torn last line (%d bytes; a run was stopped mid-write)", path,
                     len(data) - complete)
         with open(path, "r+b") as fh:
             fh.truncate(complete)
     return records
+
+
+def _foreign(path: Path, what: str, why: str) -> ForeignFileError:
+    return ForeignFileError(f"{path} exists and is not a {what} file of this command ({why}); it was left as it "
+                            "is. Choose another output, or move that file away")
 
 
 class AppendWriter:
@@ -96,12 +129,12 @@ class AppendWriter:
         self.close()
 
 
-def _atomic_write(path: str | os.PathLike, write: Callable) -> None:
+def _atomic_write(path: str | os.PathLike, write: Callable, *, binary: bool = False) -> None:
     """Write through ``write(fh)`` to a private temporary file, fsync, then rename over ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:6]}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with (open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8")) as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
@@ -117,6 +150,51 @@ def atomic_write_lines(path: str | os.PathLike, records: Iterable[dict]) -> None
             fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     _atomic_write(path, write)
+
+
+def atomic_add_records(path: str | os.PathLike, records: Iterable[dict], *,
+                       ignore: Iterable[str] = ()) -> int:
+    """Add to ``path`` the records it does not hold yet; return how many were added.
+
+    The file is rewritten whole through a temporary file and a rename, its
+    earlier bytes kept as they were, so it is either as before or complete.
+    A record counts as held when an existing line parses to the same object,
+    fields named in ``ignore`` left out of the comparison; adding the same
+    records twice (a rerun after a crash) adds nothing the second time.
+    Lines that are not JSON are kept and compare with nothing.
+    """
+    path = Path(path)
+    data = path.read_bytes() if path.exists() else b""
+    ignore = frozenset(ignore)
+
+    def same(rec) -> str:
+        if isinstance(rec, dict):
+            rec = {k: v for k, v in rec.items() if k not in ignore}
+        return json.dumps(rec, ensure_ascii=False, sort_keys=True)
+
+    held = set()
+    for raw in data.splitlines():
+        try:
+            held.add(same(json.loads(raw)))
+        except (ValueError, RecursionError):
+            continue
+    new = []
+    for rec in records:
+        if same(rec) not in held:
+            held.add(same(rec))
+            new.append(rec)
+    if not new:
+        return 0
+
+    def write(fh):
+        fh.write(data)
+        if data and not data.endswith(b"\n"):
+            fh.write(b"\n")
+        for rec in new:
+            fh.write((json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8", "surrogatepass"))
+
+    _atomic_write(path, write, binary=True)
+    return len(new)
 
 
 def atomic_write_json(path: str | os.PathLike, data) -> None:

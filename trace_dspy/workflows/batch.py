@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -12,7 +14,9 @@ import dspy
 
 from trace_dspy.core.console import progress, with_dspy_context
 from trace_dspy.core.dialogue import DialogueError
-from trace_dspy.core.jsonl import AppendWriter, atomic_write_lines, read_records
+from trace_dspy.core.jsonl import AppendWriter
+
+log = logging.getLogger(__name__)
 
 STAGE_FIELDS = (
     "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
@@ -47,6 +51,7 @@ class BatchReport:
     answered: int  # in this run
     skipped: int  # already answered by an earlier run
     failed: int
+    moved_aside: int = 0  # earlier rows moved to <output>.stale.jsonl by this run
 
     @property
     def ok(self) -> bool:
@@ -104,8 +109,48 @@ def read_batch_input(path: Path) -> list[tuple[str, Any, int]]:
     return items
 
 
+# Every row of a respond output carries this field (the row format's version), so that the file is never
+# mistaken for anyone else's and no file of anyone else's is mistaken for it.
+OUTPUT_MARK = "trace_dspy_output"
+# sha256 of the canonical dialogue text (the UTF-8 of the row's ``dialogue`` field): what the row answers.
+DIALOGUE_HASH = "dialogue_sha256"
+# The fields of the rows earlier versions wrote, without the mark or the hash.
+_LEGACY_FIELDS = frozenset({"id", "line", "dialogue", "response", "stages", "error"})
+# Why a row was moved to the side file (a field of the moved row).
+MOVED = "moved_aside"
+
+
+def dialogue_sha256(canonical: str) -> str:
+    """The hash a row stores for its dialogue: sha256 of the canonical dialogue text, as UTF-8."""
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def _is_batch_record(rec: dict) -> bool:
-    return "response" in rec or "error" in rec
+    """A row this command wrote: one that carries the mark, or one of exactly the shape earlier versions
+    wrote (``id``, an integer ``line``, and ``response`` with ``stages`` or else ``error``; nothing else)."""
+    if "id" not in rec:
+        return False
+    if OUTPUT_MARK in rec:
+        return rec[OUTPUT_MARK] == 1 and ("response" in rec) != ("error" in rec)
+    line = rec.get("line")
+    if not set(rec) <= _LEGACY_FIELDS or not isinstance(line, int) or isinstance(line, bool):
+        return False
+    return ("response" in rec and "stages" in rec) != ("error" in rec)
+
+
+def _stored_hash(rec: dict) -> str | None:
+    """What an earlier row answered: its hash, or for a row of an earlier version, the hash of the
+    dialogue it stored (None when it stored none: such a row is never reused)."""
+    if OUTPUT_MARK in rec:
+        value = rec.get(DIALOGUE_HASH)
+        return value if isinstance(value, str) else None
+    dialogue = rec.get("dialogue")
+    return dialogue_sha256(dialogue) if isinstance(dialogue, str) else None
+
+
+def aside_path(output_path: Path) -> Path:
+    """Where rows of an earlier run that the rewrite would drop are moved: ``<output>.stale.jsonl``."""
+    return output_path.with_name(output_path.name + ".stale.jsonl")
 
 
 def check_batch_paths(input_path: Path, output_path: Path) -> None:
@@ -115,6 +160,148 @@ def check_batch_paths(input_path: Path, output_path: Path) -> None:
         raise BatchError(f"--output {output_path} is the input file; choose another file for the replies")
     if output_path.is_dir():
         raise BatchError(f"--output {output_path} is a folder; give a file name")
+    side = aside_path(output_path)
+    if side.exists() and (not side.is_file() or os.path.samefile(side, input_path)):
+        raise BatchError(f"{side} (where rows of earlier runs that the input no longer asks for are kept) is "
+                         "the input file or not a plain file; move it away or choose another --output")
+
+
+class OutputWriteError(OSError):
+    """A row could not be written (disk full, no permission); every row written before it is kept."""
+
+    def __init__(self, path: Path, exc: OSError, kept: str):
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        super().__init__(exc.errno, f"could not write {path}: {reason}; {kept}")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+@dataclass
+class ResumePlan:
+    """What a batch run does, given its input and the output of earlier runs.
+
+    An earlier row is reused only for the dialogue it answered: when both its
+    id and its dialogue hash match the input line, or, for a line without an
+    id (whose ``line-N`` id moves when lines are inserted), when any earlier
+    answer has the line's dialogue hash. Every other line is asked. Earlier
+    rows the final rewrite would leave out (their id is no longer in the
+    input, or their answer is for a dialogue the line no longer holds) are
+    ``aside``: moved to ``aside_path(output)`` before anything is asked.
+    Failed rows of lines still in the input are asked again and replaced.
+    """
+
+    items: list[tuple[str, Any, int]]
+    canonical: dict[str, str | None]  # id -> canonical dialogue text, None when the line holds no usable dialogue
+    rows: dict[str, dict]  # id -> the row the final file holds: reused answers first, new rows as they come
+    todo: list[tuple[str, Any, int]]
+    retry: set[str]  # ids of todo that an earlier row had: asked past DSPy's cache
+    aside: list[dict]
+    aside_path: Path
+    output_path: Path
+
+    def row(self, item_id: str, line: int, **fields: Any) -> dict:
+        """An output row: id, line, the dialogue's hash (null for a line without a usable dialogue), the
+        fields, and the mark."""
+        text = self.canonical.get(item_id)
+        return {"id": item_id, "line": line, DIALOGUE_HASH: dialogue_sha256(text) if text is not None else None,
+                **fields, OUTPUT_MARK: 1}
+
+    def move_aside(self) -> int:
+        """Add the ``aside`` rows to the side file (atomically, none twice); return how many were added."""
+        from trace_dspy.core.jsonl import atomic_add_records
+
+        if not self.aside:
+            return 0
+        try:
+            added = atomic_add_records(self.aside_path, self.aside, ignore=(MOVED,))
+        except OSError as exc:
+            raise OutputWriteError(self.aside_path, exc, f"nothing was asked and {self.output_path} is as it "
+                                   "was") from exc
+        if added:
+            log.warning("moved %d earlier row(s) that the input no longer asks for to %s (field '%s' says why)",
+                        added, self.aside_path, MOVED)
+        return added
+
+    def finish(self, answered: int) -> BatchReport:
+        """Rewrite the output once, in input order, one row per input line (atomic replace)."""
+        from trace_dspy.core.jsonl import atomic_write_lines
+
+        try:
+            atomic_write_lines(self.output_path,
+                               (self.rows[item_id] for item_id, _, _ in self.items if item_id in self.rows))
+        except OSError as exc:
+            raise OutputWriteError(self.output_path, exc, "its rows are as they were before the final "
+                                   "rewrite, and a rerun completes it") from exc
+        failed = sum("error" in self.rows.get(i, {"error": 1}) for i, _, _ in self.items)
+        return BatchReport(total=len(self.items), answered=answered, skipped=len(self.items) - len(self.todo),
+                           failed=failed, moved_aside=len(self.aside))
+
+
+def _canonical(dialogue: Any) -> str | None:
+    from trace_dspy.core.dialogue import normalize_dialogue
+
+    if isinstance(dialogue, Exception):
+        return None
+    try:
+        return normalize_dialogue(dialogue)
+    except (DialogueError, TypeError, ValueError):
+        return None
+
+
+def plan_batch(input_path: Path, output_path: Path) -> ResumePlan:
+    """Read the input and the earlier output; decide what is reused, asked and moved aside (see
+    ``ResumePlan``). Raises ``BatchError`` (nothing read or changed) for an unusable input or an output
+    that is not this command's."""
+    from trace_dspy.core.jsonl import ForeignFileError, read_records
+
+    check_batch_paths(input_path, output_path)
+    items = read_batch_input(input_path)
+    try:
+        previous = read_records(output_path, accept=_is_batch_record, what="respond output", strict=True)
+    except ForeignFileError as exc:
+        raise BatchError(str(exc)) from None
+    canonical = {item_id: _canonical(dialogue) for item_id, dialogue, _ in items}
+    answers: dict[str, dict] = {}  # hash -> an earlier answer, for lines without an id
+    for rec in previous.values():
+        digest = _stored_hash(rec)
+        if "response" in rec and digest is not None:
+            answers.setdefault(digest, rec)
+    plan = ResumePlan(items=items, canonical=canonical, rows={}, todo=[], retry=set(), aside=[],
+                      aside_path=aside_path(output_path), output_path=output_path)
+    used: set[str] = set()  # ids of earlier rows whose answer the output keeps
+    for item in items:
+        item_id, _, line = item
+        text = canonical[item_id]
+        digest = dialogue_sha256(text) if text is not None else None
+        earlier = previous.get(item_id)
+        match = None
+        if digest is not None:
+            if earlier is not None and "response" in earlier and _stored_hash(earlier) == digest:
+                match = earlier
+            elif item_id == f"line-{line}":
+                match = answers.get(digest)
+        if match is None:
+            plan.todo.append(item)
+            if earlier is not None:
+                plan.retry.add(item_id)
+            continue
+        used.add(str(match["id"]))
+        kept = {k: v for k, v in match.items() if k not in ("id", "line", DIALOGUE_HASH, OUTPUT_MARK)}
+        kept["dialogue"] = text
+        plan.rows[item_id] = plan.row(item_id, line, **kept)
+    asked = {item_id for item_id, _, _ in items}
+    for key, rec in previous.items():
+        if key in used:
+            continue
+        if key not in asked:
+            plan.aside.append({**rec, MOVED: "its id is no longer in the input"})
+        elif "response" in rec:
+            why = ("the input line with this id holds another dialogue now" if _stored_hash(rec) is not None
+                   else "it does not say which dialogue it answered (an earlier version wrote it)")
+            plan.aside.append({**rec, MOVED: why})
+    return plan
 
 
 def respond_batch(
@@ -127,47 +314,63 @@ def respond_batch(
 ) -> BatchReport:
     """Answer every dialogue of a JSONL file; resumable, per-line failures kept.
 
-    The output only ever gains knowledge: answered ids are kept, failed ids
-    are asked again (past DSPy's cache), damaged lines of an earlier output are
-    skipped with a warning, and the final rewrite replaces the file atomically.
+    Every row says which dialogue it answered (``dialogue_sha256``, the sha256
+    of its canonical ``dialogue`` text) and carries ``trace_dspy_output: 1``.
+    A rerun reuses an earlier answer only for the same dialogue: same id and
+    same hash, or, for a line without an id, any earlier answer with its
+    hash (``line-N`` ids move when lines are inserted). Changed dialogues
+    and failed rows are asked again (past DSPy's cache). Nothing answered
+    is dropped: earlier rows that the input no longer asks for (id removed,
+    dialogue changed) are moved to ``<output>.stale.jsonl`` before anything
+    is asked, with a ``moved_aside`` field saying why, and a warning line
+    says how many. Damaged lines of an earlier output are skipped with a
+    warning, and the final rewrite replaces the file atomically.
+
+    The output must be this command's: a file holding any JSON line that is
+    not one of its rows is refused (``BatchError``) and left unchanged.
+    Rows of earlier versions (no mark) count as this command's when they
+    have exactly the shape those versions wrote: ``id``, an integer
+    ``line``, and ``dialogue``, ``response`` and ``stages``, or ``error``.
+    Their answers are reused when their stored ``dialogue`` matches the
+    input line, and asked again (the old row moved aside) when it does not
+    or is missing. A row that cannot be written (disk full) stops the run
+    with ``OutputWriteError``; every row written before it is kept.
     """
     from contextlib import nullcontext
 
-    from trace_dspy.core.jsonl import ForeignFileError
     from trace_dspy.core.safety import redact
     from trace_dspy.lm.specs import fresh_calls, use_lm
 
     input_path, output_path = Path(input_path), Path(output_path)
-    check_batch_paths(input_path, output_path)
-    items = read_batch_input(input_path)
-    try:
-        previous = read_records(output_path, accept=_is_batch_record, what="respond output")
-    except ForeignFileError as exc:
-        raise BatchError(str(exc)) from None
-    todo = [it for it in items if "response" not in previous.get(it[0], {})]
-    retry = {it[0] for it in todo if it[0] in previous}
-    failed = 0
+    plan = plan_batch(input_path, output_path)
+    plan.move_aside()
+    todo, retry = plan.todo, plan.retry
+    failed = written = 0
 
     def answer(item: tuple[str, Any, int]) -> dict:
         item_id, dialogue, line = item
         if isinstance(dialogue, Exception):
-            return {"id": item_id, "line": line, "error": f"{input_path}:{line}: {dialogue}"}
+            return plan.row(item_id, line, error=f"{input_path}:{line}: {dialogue}")
         try:
             with (fresh_calls() if item_id in retry else nullcontext()), use_lm(lm):
                 pred = program(dialogue=dialogue)
         except DialogueError as exc:
-            return {"id": item_id, "line": line, "error": f"{input_path}:{line}: {exc}"}
+            return plan.row(item_id, line, error=f"{input_path}:{line}: {exc}")
         except Exception as exc:  # one bad line must not stop the batch
-            return {"id": item_id, "line": line, "error": redact(f"{type(exc).__name__}: {exc}")}
-        return {"id": item_id, "line": line, "dialogue": pred.dialogue, "response": pred.response,
-                "stages": stage_outputs(pred)}
+            return plan.row(item_id, line, error=redact(f"{type(exc).__name__}: {exc}"))
+        return plan.row(item_id, line, dialogue=pred.dialogue, response=pred.response, stages=stage_outputs(pred))
 
     with AppendWriter(output_path) as out, progress(total=len(todo), desc="respond") as bar:
         def write(rec: dict) -> None:  # called from this thread only
-            nonlocal failed
-            out.write(rec)
+            nonlocal failed, written
+            try:
+                out.write(rec)
+            except OSError as exc:
+                raise OutputWriteError(output_path, exc, f"the {written} row(s) written in this run and every "
+                                       "earlier one are kept; a rerun answers the rest") from exc
+            written += 1
             failed += "error" in rec
-            previous[rec["id"]] = rec
+            plan.rows[rec["id"]] = rec
             bar.update(1)
 
         if threads <= 1:
@@ -182,8 +385,4 @@ def respond_batch(
                 # On Ctrl-C, drop the queued lines instead of waiting for them.
                 pool.shutdown(wait=False, cancel_futures=True)
 
-    # Rewrite once, in input order, one record per id (atomic replace).
-    atomic_write_lines(output_path, (previous[item_id] for item_id, _, _ in items))
-    total_failed = sum("error" in previous[i] for i, _, _ in items)
-    return BatchReport(total=len(items), answered=len(todo) - failed, skipped=len(items) - len(todo),
-                       failed=total_failed)
+    return plan.finish(answered=len(todo) - failed)

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.workflows.batch import BatchError, BatchReport, check_batch_paths, read_batch_input
+from trace_dspy.workflows.batch import BatchReport
 from trace_dspy.workflows.serving import ENV_API_BASE, ENV_CACHE, ENV_KEY_ENV, ENV_LM, ENV_TIMEOUT, OUTPUT_COLUMNS
 
 RESULT_DDL = ", ".join(f"{c} string" for c in OUTPUT_COLUMNS)
@@ -127,20 +127,17 @@ def respond_dataframe(spark, df, model_uri: str | None = None, *, column: str = 
 
 
 def model_uri_for(ref: str | None, *, workdir: Path) -> str:
-    """An MLflow model URI for a program reference: registry and run references as they are, a local
-    artifact (``NAME@vN``, ``NAME@latest``, a folder; the default program when ``ref`` is None) written
-    as a pyfunc model directory under ``workdir``."""
+    """A pyfunc model directory under ``workdir`` for a program reference, whose code file is the
+    installed trace-dspy's: a registry or run reference (``champion``, ``models:/...``, ``runs:/...``)
+    contributes only its artifact folder, after its files were checked against the digests recorded when
+    it was logged (``fetch_artifact``); a local artifact (``NAME@vN``, ``NAME@latest``, a folder; the
+    default program when ``ref`` is None) is used as it is. The code file logged with a model never runs."""
     from trace_dspy.store.artifacts import ArtifactError, resolve_local
     from trace_dspy.workflows.loading import default_reference
-    from trace_dspy.workflows.serving import save_program_model
+    from trace_dspy.workflows.serving import export_model, save_program_model
 
-    if ref and ref.startswith("models:/"):
-        return ref
-    if ref and ref.startswith("runs:/"):  # a compile run: its logged model (runs:/ID/artifact holds plain files)
-        body = ref[len("runs:/"):].strip("/")
-        return f"runs:/{body}" if "/" in body else f"runs:/{body}/model"
-    if ref == "champion":
-        return "models:/trace-dspy@champion"
+    if ref and (ref == "champion" or ref.startswith(("models:/", "runs:/"))):
+        return str(export_model(ref, workdir / "model"))
     ref = ref or default_reference()
     if ref == "default":
         raise ArtifactError("the Spark engine runs a compiled artifact or a registered model; there is none yet "
@@ -151,45 +148,51 @@ def model_uri_for(ref: str | None, *, workdir: Path) -> str:
 def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike, model_uri: str, *,
                   spark=None, master: str = "local[2]", partitions: int | None = None,
                   executor_env: dict[str, str] | None = None, on_row=None, chunk: int | None = None) -> BatchReport:
-    """``respond --input/--output`` on Spark, with the plain batch's guarantees: answered ids are kept and
-    skipped, failed ones are asked again, and the file is rewritten in input order at the end.
+    """``respond --input/--output`` on Spark, with the plain batch's guarantees (``respond_batch``): an
+    earlier answer is kept only for the dialogue it answered, failed and changed lines are asked again,
+    earlier rows the input no longer asks for are moved to ``<output>.stale.jsonl``, and the file is
+    rewritten in input order at the end.
 
     The dialogues go to Spark in chunks (default: 16 per partition, at least 64), each one job spread over
     ``partitions`` tasks; a chunk's rows are on disk before the next chunk starts, so an interrupted run
     loses at most the chunk in flight."""
     from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
-    from trace_dspy.core.jsonl import AppendWriter, ForeignFileError, atomic_write_lines, read_records
-    from trace_dspy.workflows.batch import _is_batch_record
+    from trace_dspy.core.jsonl import AppendWriter
+    from trace_dspy.workflows.batch import OutputWriteError, plan_batch
 
     input_path, output_path = Path(input_path), Path(output_path)
-    check_batch_paths(input_path, output_path)
-    items = read_batch_input(input_path)
-    try:
-        previous = read_records(output_path, accept=_is_batch_record, what="respond output")
-    except ForeignFileError as exc:
-        raise BatchError(str(exc)) from None
-    todo = [it for it in items if "response" not in previous.get(it[0], {})]
-    failed = 0
+    plan = plan_batch(input_path, output_path)  # the plain batch's resume rules: see respond_batch
+    plan.move_aside()
+    todo = plan.todo
+    failed = written = 0
     own_session = spark is None
     with AppendWriter(output_path) as out:
         def write(rec: dict[str, Any]) -> None:
-            nonlocal failed
-            out.write(rec)
+            nonlocal failed, written
+            try:
+                out.write(rec)
+            except OSError as exc:
+                raise OutputWriteError(output_path, exc, f"the {written} row(s) written in this run and every "
+                                       "earlier one are kept; a rerun answers the rest") from exc
+            written += 1
             failed += "error" in rec
-            previous[rec["id"]] = rec
+            plan.rows[rec["id"]] = rec
             if on_row:
                 on_row(rec)
 
         # Lines that are not dialogues fail here, without a trip to Spark; the rest go as canonical strings.
         rows = []
         for n, (item_id, dialogue, line) in enumerate(todo):
+            text = plan.canonical[item_id]
+            if text is not None:
+                rows.append((n, text))
+                continue
             if not isinstance(dialogue, Exception):
                 try:
-                    rows.append((n, normalize_dialogue(dialogue)))
-                    continue
+                    normalize_dialogue(dialogue)
                 except DialogueError as exc:
                     dialogue = exc
-            write({"id": item_id, "line": line, "error": f"{input_path}:{line}: {dialogue}"})
+            write(plan.row(item_id, line, error=f"{input_path}:{line}: {dialogue}"))
         if rows:
             if own_session:
                 spark = spark_session(master, executor_env=executor_env)
@@ -204,17 +207,14 @@ def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike,
                     for row in sorted(respond_dataframe(spark, df, udf=udf).collect(), key=lambda r: r["row"]):
                         item_id, _, line = todo[row["row"]]
                         if row["error"]:
-                            write({"id": item_id, "line": line, "error": row["error"]})
+                            write(plan.row(item_id, line, error=row["error"]))
                         else:
-                            write({"id": item_id, "line": line, "dialogue": row["dialogue"],
-                                   "response": row["reply"], "stages": json.loads(row["stages"])})
+                            write(plan.row(item_id, line, dialogue=row["dialogue"], response=row["reply"],
+                                           stages=json.loads(row["stages"])))
             finally:
                 if own_session:
                     spark.stop()
-    atomic_write_lines(output_path, (previous[item_id] for item_id, _, _ in items if item_id in previous))
-    total_failed = sum("error" in previous.get(i, {"error": 1}) for i, _, _ in items)
-    return BatchReport(total=len(items), answered=len(todo) - failed, skipped=len(items) - len(todo),
-                       failed=total_failed)
+    return plan.finish(answered=len(todo) - failed)
 
 
 def temporary_workdir() -> tempfile.TemporaryDirectory:
