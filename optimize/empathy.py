@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +36,16 @@ from typing import Any
 
 import numpy as np
 
+from trace_dspy.core.files import ArrayLimits, MiB
 from trace_dspy.core.labels import STRATEGIES
 
 MECHANISMS = STRATEGIES  # ER, IP, EX: EPITOME's mechanisms are TRACE's strategies
 LEVELS = 3
 FEATURE_VERSION = 1
 WEIGHTS_FILE = Path(__file__).with_name("empathy_head.npz")
+# Bounds on a weights file (the shipped one inflates to about 40 kB).
+WEIGHT_LIMITS = ArrayLimits(file_bytes=16 * MiB, member_bytes=16 * MiB, total_bytes=64 * MiB, members=8,
+                            header_bytes=1 * MiB)
 MAX_SENTENCES = 8
 NO_EMBED = ('the learned empathy scorer needs the "embed" extra (pip install -e ".[embed]"); '
             "the empathy and strategy_fit components are off")
@@ -155,15 +158,16 @@ class Head:
 
     @classmethod
     def load(cls, path: str | Path) -> Head:
+        from trace_dspy.core.files import FileCheckError, read_header_npz
+
         path = Path(path)
-        if not path.is_file():
-            raise ScorerError(f"empathy scorer weights not found: {path} (refit: python -m trace_dspy.fit_empathy)")
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in ("mean", "scale", "weights", "bias", "header")}
-            meta = json.loads(arrays.pop("header").tobytes().decode())
-        except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile, EOFError) as exc:
-            raise ScorerError(f"{path}: damaged empathy scorer weights ({type(exc).__name__}: {exc})") from None
+            meta, arrays = read_header_npz(path, ("mean", "scale", "weights", "bias"), limits=WEIGHT_LIMITS)
+        except FileCheckError as exc:
+            if exc.reason == "is missing" and exc.path == str(path):
+                raise ScorerError(f"empathy scorer weights not found: {path} "
+                                  "(refit: python -m trace_dspy.fit_empathy)") from None
+            raise ScorerError(f"{exc.path}: damaged empathy scorer weights: {exc.reason}") from None
         d = arrays["mean"].shape
         w = arrays["weights"]
         if (len(d) != 1 or arrays["scale"].shape != d or w.shape != (len(MECHANISMS), d[0], LEVELS)

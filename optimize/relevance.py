@@ -26,17 +26,20 @@ from __future__ import annotations
 
 import json
 import threading
-import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from trace_dspy.core.files import ArrayLimits, MiB
 from trace_dspy.optimize.empathy import normalize
 
 FEATURE_VERSION = 1
 WEIGHTS_FILE = Path(__file__).with_name("relevance_head.npz")
+# Bounds on a weights file (the shipped one inflates to about 0.15 MB).
+WEIGHT_LIMITS = ArrayLimits(file_bytes=64 * MiB, member_bytes=64 * MiB, total_bytes=256 * MiB, members=8,
+                            header_bytes=1 * MiB)
 ARRAYS = ("A", "B", "C", "w", "calibration")
 TEMPERATURE = 10.0  # logits scale during the contrastive fit
 
@@ -77,16 +80,16 @@ class RelevanceHead:
 
     @classmethod
     def load(cls, path: str | Path) -> RelevanceHead:
+        from trace_dspy.core.files import FileCheckError, read_header_npz
+
         path = Path(path)
-        if not path.is_file():
-            raise RelevanceError(f"relevance head weights not found: {path} "
-                                 "(refit: python -m trace_dspy.fit_relevance)")
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in (*ARRAYS, "header")}
-            meta = json.loads(arrays.pop("header").tobytes().decode())
-        except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile, EOFError) as exc:
-            raise RelevanceError(f"{path}: damaged relevance head weights ({type(exc).__name__}: {exc})") from None
+            meta, arrays = read_header_npz(path, ARRAYS, limits=WEIGHT_LIMITS)
+        except FileCheckError as exc:
+            if exc.reason == "is missing" and exc.path == str(path):
+                raise RelevanceError(f"relevance head weights not found: {path} "
+                                     "(refit: python -m trace_dspy.fit_relevance)") from None
+            raise RelevanceError(f"{exc.path}: damaged relevance head weights: {exc.reason}") from None
         a = arrays["A"]
         if (a.ndim != 2 or arrays["B"].shape != a.shape or arrays["C"].shape != a.shape
                 or arrays["w"].shape != (2,) or arrays["calibration"].shape != (2,)):

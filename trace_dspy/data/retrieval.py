@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -68,6 +69,100 @@ def _tokenize(texts: Sequence[str]):
 _ITEM_TEXT = ("dialogue", "response", "emotion", "key", "text")
 
 
+# Bounds on a saved index's files: far above an index of the whole EmpatheticDialogues pool (a few MB).
+MAX_ITEMS_BYTES = 512 * 1024 * 1024
+MAX_PARAMS_BYTES = 64 * 1024
+MAX_VOCAB_BYTES = 64 * 1024 * 1024
+MAX_ARRAY_BYTES = 512 * 1024 * 1024
+BM25_ARRAYS = ("data", "indices", "indptr")
+# The settings bm25s saves in params.index.json and what each may be; methods that need a further
+# non-occurrence array (bm25l, bm25+) are not used here.
+_BM25_PARAMS = {"k1": "number", "b": "number", "delta": "number", "method": ("lucene", "robertson", "atire"),
+                "idf_method": ("lucene", "robertson", "atire", None), "dtype": ("float32", "float64"),
+                "int_dtype": ("int32", "int64"), "backend": ("numpy", "auto"), "csc_backend": ("numpy", "auto"),
+                "auto_compile": (True, False), "num_docs": "count", "version": "text"}
+
+
+def _read_json(path: Path, max_bytes: int, root: Path) -> Any:
+    """A JSON file of an index, checked for kind and size before it is read; errors name the file."""
+    from trace_dspy.core.files import FileCheckError, read_bytes
+    from trace_dspy.core.safety import JSONLimitError, load_json
+
+    try:
+        return load_json(read_bytes(path, max_bytes=max_bytes, root=root), str(path), max_bytes=max_bytes)
+    except (FileCheckError, JSONLimitError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _check_bm25(folder: Path, root: Path, n_items: int) -> None:
+    """Check a saved bm25s index against ``n_items`` documents before bm25s reads it.
+
+    The scores are a CSC matrix (documents by vocabulary): ``indptr`` has one entry per vocabulary id
+    plus one, non-decreasing from 0 to the number of scores; ``indices`` are document numbers below
+    ``num_docs``; ``data`` are finite scores.
+    """
+    from trace_dspy.core.files import FileCheckError, read_npy
+
+    def bad(name: str, reason: str):
+        return ConfigError(f"{folder / name}: retrieval index is damaged: {reason}")
+
+    params_path = folder / "params.index.json"
+    params = _read_json(params_path, MAX_PARAMS_BYTES, root)
+    if not isinstance(params, dict):
+        raise bad(params_path.name, f"expected a JSON object, found {type(params).__name__}")
+    for key, value in params.items():
+        allowed = _BM25_PARAMS.get(key)
+        ok = (allowed == "number" and isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value) and 0 <= value <= 100
+              or allowed == "count" and isinstance(value, int) and not isinstance(value, bool)
+              or allowed == "text" and isinstance(value, str) and len(value) <= 64
+              or isinstance(allowed, tuple) and any(value is a or type(value) is type(a) and value == a
+                                                    for a in allowed))
+        if not ok:
+            raise bad(params_path.name, f"{key}: {value!r:.80} is not a setting this index may have"
+                      if allowed else f"unknown setting {key!r}")
+    if params.get("num_docs") != n_items:
+        raise bad(params_path.name, f"num_docs: the index holds {params.get('num_docs')!r} documents but "
+                                    f"items.json has {n_items}")
+    vocab_path = folder / "vocab.index.json"
+    vocab = _read_json(vocab_path, MAX_VOCAB_BYTES, root)
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                              for v in vocab.values()):
+        raise bad(vocab_path.name, "expected an object of token ids")
+    arrays = {}
+    for name in BM25_ARRAYS:
+        path = folder / f"{name}.csc.index.npy"
+        try:
+            arrays[name] = read_npy(path, max_bytes=MAX_ARRAY_BYTES, root=root)
+        except FileCheckError as exc:
+            raise ConfigError(f"{exc.path}: retrieval index is damaged: {exc.reason}") from None
+        if arrays[name].ndim != 1:
+            raise bad(path.name, f"expected one dimension, found shape {arrays[name].shape}")
+    data, indices, indptr = (arrays[n] for n in BM25_ARRAYS)
+    if data.dtype.kind != "f" or not np.isfinite(data).all():
+        raise bad("data.csc.index.npy", f"expected finite scores, found {data.dtype} values"
+                  + (" that are NaN or infinite" if data.dtype.kind == "f" else ""))
+    for name, array in (("indices", indices), ("indptr", indptr)):
+        if array.dtype.kind not in "iu":
+            raise bad(f"{name}.csc.index.npy", f"expected integers, found {array.dtype}")
+    if len(indices) != len(data):
+        raise bad("indices.csc.index.npy", f"{len(indices)} document numbers for {len(data)} scores")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_items):
+        raise bad("indices.csc.index.npy", f"document numbers must be from 0 to {n_items - 1}, found "
+                                           f"{int(indices.min())} to {int(indices.max())}")
+    # One column per token; bm25s may add the empty token "" after the last column, with no scores.
+    columns = len(indptr) - 1
+    if len(vocab) - columns not in (0, int("" in vocab)):
+        raise ConfigError(f"{folder / 'indptr.csc.index.npy'}: retrieval index is damaged: {len(indptr)} entries "
+                          f"for the {len(vocab)} tokens of {vocab_path} (expected {len(vocab) + 1 - int('' in vocab)})")
+    if indptr[0] != 0 or indptr[-1] != len(data) or (np.diff(indptr) < 0).any():
+        raise bad("indptr.csc.index.npy", f"expected offsets rising from 0 to {len(data)}")
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(vocab) or len(np.unique(ids)) != len(ids)
+                     or len(vocab) > columns and vocab[""] != columns):
+        raise bad(vocab_path.name, f"token ids must be distinct and from 0 to {len(vocab) - 1}")
+
+
 class ExemplarIndex:
     """BM25 over pool items, with group filtering and same-conversation exclusion."""
 
@@ -106,18 +201,21 @@ class ExemplarIndex:
         return folder
 
     @classmethod
-    def load(cls, folder: str | os.PathLike) -> ExemplarIndex:
-        """Load a saved index, checking every file; damage is a ``ConfigError`` naming the file."""
-        bm25s = _bm25s()
+    def load(cls, folder: str | os.PathLike, *, root: str | os.PathLike | None = None) -> ExemplarIndex:
+        """Load a saved index, checking every file; damage is a ``ConfigError`` naming the file.
 
-        from trace_dspy.core.safety import JSONLimitError, load_json
-
+        Each file must be a regular file inside ``root`` (default: the index folder; an artifact passes its
+        own folder) and within its size limit before it is read, and the BM25 arrays must fit together
+        and with ``items.json``: damage is found here, not inside a later search.
+        """
         folder = Path(folder)
+        root = folder if root is None else Path(root)
         items_path = folder / "items.json"
         try:
-            data = load_json(items_path.read_bytes(), str(items_path), max_bytes=512 * 1024 * 1024)
-        except (OSError, JSONLimitError) as exc:
-            raise ConfigError(f"{items_path}: retrieval index is missing or damaged ({exc})") from None
+            data = _read_json(items_path, MAX_ITEMS_BYTES, root)
+        except ConfigError as exc:
+            raise ConfigError(f"{items_path}: retrieval index is missing or damaged "
+                              f"({str(exc).removeprefix(f'{items_path}: ')})") from None
         if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
             got = data.get("version") if isinstance(data, dict) else type(data).__name__
             raise ConfigError(f"{items_path}: version: expected index version {INDEX_VERSION}, found {got!r}")
@@ -132,13 +230,15 @@ class ExemplarIndex:
                 raise ConfigError(f"{items_path}: items[{n}]: {', '.join(bad)} must be text")
         if not isinstance(data.get("fingerprint"), str):
             raise ConfigError(f"{items_path}: fingerprint: expected text")
+        _check_bm25(folder / "bm25", root, len(items))
+        bm25s = _bm25s()
         try:
             retriever = bm25s.BM25.load(str(folder / "bm25"), show_progress=False, allow_pickle=False)
             num_docs = int(retriever.scores["num_docs"])
         except Exception as exc:  # bm25s raises whatever numpy, json or the OS raise on a damaged file
             raise ConfigError(f"{folder / 'bm25'}: retrieval index is missing or damaged "
                               f"({type(exc).__name__}: {exc})") from None
-        if num_docs != len(items):
+        if num_docs != len(items):  # the files changed between the check and the load
             raise ConfigError(f"{folder / 'bm25'}: num_docs: the index holds {num_docs} documents but "
                               f"items.json has {len(items)}")
         return cls(items, retriever, data["fingerprint"])

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -47,6 +48,84 @@ from trace_dspy.core.stages import STAGE_GROUPS
 
 ROLES = ("judge", "prompt")
 _SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
+
+# Bounds on how long one LM call may run, wherever a spec comes from (a config file, flags, the serving
+# environment, an artifact's manifest): DSPy tries a request num_retries + 1 times, each up to timeout
+# seconds, with waits of at most 60 s between tries.
+MAX_RETRIES = 10
+MAX_TIMEOUT = 600.0
+MAX_API_BASE_CHARS = 2048
+MAX_MODEL_CHARS = 4096
+# The embedded engine's settings ([lm.local]): (types, lowest, highest) for numbers, (types,) otherwise.
+LOCAL_SETTINGS: dict[str, tuple] = {
+    "n_ctx": (int, 16, 131_072), "n_threads": ((int, type(None)), 1, 256), "seed": (int, 0, 2**32 - 1),
+    "max_states": (int, 0, 1024), "default_max_tokens": (int, 1, 131_072), "sample_min_p": ((int, float), 0.0, 0.99),
+    "constrained": (bool,), "prefix_cache": (bool,), "fast_greedy": (bool,), "loop_guard": (bool,),
+    "quote_fields": (dict,), "text_limits": (dict,),
+}
+
+
+def _is_number(value: Any, types: Any = (int, float)) -> bool:
+    return isinstance(value, types) and not isinstance(value, bool) and (
+        not isinstance(value, float) or math.isfinite(value))
+
+
+def _check_local(local: Any) -> None:
+    if not isinstance(local, dict):
+        raise ConfigError(f"local: expected a table of engine settings, found {type(local).__name__}")
+    unknown = sorted(set(local) - set(LOCAL_SETTINGS))
+    if unknown:
+        raise ConfigError(f"local: unknown key(s) {', '.join(map(repr, unknown))[:200]}; the embedded engine "
+                          f"takes {', '.join(LOCAL_SETTINGS)}")
+    for key, value in local.items():
+        types, *bounds = LOCAL_SETTINGS[key]
+        if bounds:
+            if value is None and type(None) in (types if isinstance(types, tuple) else (types,)):
+                continue
+            low, high = bounds
+            if not _is_number(value, types) or not low <= value <= high:
+                kind = "an integer" if types in (int, (int, type(None))) else "a number"
+                raise ConfigError(f"local.{key}: expected {kind} from {low:g} to {high:g}, found {value!r:.40}")
+        elif types is bool:
+            if not isinstance(value, bool):
+                raise ConfigError(f"local.{key}: expected true or false, found {value!r:.40}")
+        else:
+            inner = str if key == "quote_fields" else int
+            ok = isinstance(value, dict) and len(value) <= 64 and all(
+                isinstance(k, str) and len(k) <= 128 and (isinstance(v, str) and len(v) <= 128 if inner is str
+                                                          else _is_number(v, int) and 1 <= v <= 131_072)
+                for k, v in value.items())
+            if not ok:
+                what = "input field names" if inner is str else "character limits from 1 to 131072"
+                raise ConfigError(f"local.{key}: expected a table of output field names to {what}")
+
+
+def _check_spec_values(spec: LMSpec) -> None:
+    """Refuse settings of the wrong type or out of bounds; the message names the field and the bound."""
+    if not isinstance(spec.model, str) or not spec.model.strip() or len(spec.model) > MAX_MODEL_CHARS:
+        raise ConfigError(f"lm model must be a non-empty string of at most {MAX_MODEL_CHARS} characters")
+    if not _is_number(spec.num_retries, int) or not 0 <= spec.num_retries <= MAX_RETRIES:
+        raise ConfigError(f"num_retries must be an integer from 0 to {MAX_RETRIES}, found {spec.num_retries!r:.40}")
+    if not _is_number(spec.timeout) or not 0 < spec.timeout <= MAX_TIMEOUT:
+        raise ConfigError(f"timeout must be a number of seconds, timeout > 0 and at most {MAX_TIMEOUT:g}, "
+                          f"found {spec.timeout!r:.40}")
+    if spec.api_base is not None and (not isinstance(spec.api_base, str) or len(spec.api_base) > MAX_API_BASE_CHARS
+                                      or not spec.api_base.strip()):
+        raise ConfigError(f"api_base must be a URL of at most {MAX_API_BASE_CHARS} characters"
+                          + ("" if isinstance(spec.api_base, str) else f", found {type(spec.api_base).__name__}"))
+    if not _is_number(spec.temperature) or not 0 <= spec.temperature <= 2:
+        raise ConfigError(f"temperature must be a number from 0 to 2, found {spec.temperature!r:.40}")
+    if spec.max_tokens is not None and (not _is_number(spec.max_tokens, int)
+                                        or not 1 <= spec.max_tokens <= 1_000_000):
+        raise ConfigError(f"max_tokens must be an integer from 1 to 1000000, found {spec.max_tokens!r:.40}")
+    if spec.api_key_env is not None and (not isinstance(spec.api_key_env, str) or len(spec.api_key_env) > 256):
+        raise ConfigError("api_key_env must be the name of an environment variable (at most 256 characters)")
+    for key in ("cache", "server_grammar"):
+        if not isinstance(getattr(spec, key), bool):
+            raise ConfigError(f"{key} must be true or false, found {getattr(spec, key)!r:.40}")
+    _check_local(spec.local)
+
+
 
 
 @dataclass(frozen=True)
@@ -70,14 +149,13 @@ class LMSpec:
     local: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check_spec_values(self)
         if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError("lm model must be a non-empty string")
         if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
             raise ConfigError(
                 f"api_key_env must be the NAME of an environment variable, not {self.api_key_env[:4]!r}..."
             )
-        if self.num_retries < 0 or self.timeout <= 0:
-            raise ConfigError("num_retries must be >= 0 and timeout > 0")
 
     @property
     def is_local(self) -> bool:
@@ -92,6 +170,8 @@ class LMSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "lm") -> LMSpec:
+        if not isinstance(data, dict):
+            raise ConfigError(f"[{where}] expected a table, found {type(data).__name__}")
         data = dict(data)
         secret = _SECRET_KEYS & {k.lower() for k in data}
         if secret:
@@ -105,6 +185,8 @@ class LMSpec:
             raise ConfigError(f"[{where}] unknown keys: {', '.join(unknown)}")
         try:
             return cls(**data)
+        except ConfigError as exc:
+            raise ConfigError(f"[{where}] {exc}") from None
         except TypeError as exc:
             raise ConfigError(f"[{where}] {exc}") from None
 
@@ -169,6 +251,10 @@ class LMConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> LMConfig:
         """Read the ``[lm]`` table (or a ``to_dict`` record)."""
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"[lm] expected a table, found {type(data).__name__}")
+        if not isinstance((data or {}).get("stages") or {}, dict):
+            raise ConfigError(f"[lm.stages] expected a table, found {type(data['stages']).__name__}")
         data = dict(data or {})
         if "default" in data:  # a to_dict record
             default = LMSpec.from_dict(data.pop("default") or {}, where="lm")

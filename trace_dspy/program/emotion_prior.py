@@ -22,7 +22,6 @@ import json
 import os
 import re
 import time
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from trace_dspy.core.dialogue import speaker_text
+from trace_dspy.core.files import ArrayLimits, MiB
 from trace_dspy.core.labels import EMOTIONS, ekman_group
 from trace_dspy.optimize.empathy import normalize
 
@@ -43,6 +43,9 @@ FILE_NAME = "emotion_prior.npz"
 # Fewer training samples than this (the seed set has a few dozen) cannot cover 32 labels.
 MIN_TRAIN = 200
 MIN_DF = 3
+# Bounds on a prior file (the shipped one inflates to about 0.4 MB; one fitted on a large pool, a few MB).
+LIMITS = ArrayLimits(file_bytes=64 * MiB, member_bytes=64 * MiB, total_bytes=160 * MiB, members=8,
+                     header_bytes=16 * MiB)
 SCALE = 10.0  # both views are unit vectors; this sets the regularisation's reference scale
 # The L2 strength: fitted on the ED pool with the grid (0.01, 0.03, 0.1), dev chose 0.03
 # (dev accuracy 0.448), so the default grid is that one value; a wider grid costs one
@@ -134,27 +137,37 @@ class EmotionPrior:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> EmotionPrior:
+    def load(cls, path: str | os.PathLike, *, root: str | os.PathLike | None = None) -> EmotionPrior:
+        """Read a saved prior, checking the file (kind, size, each array's size and dtype) before inflating it.
+
+        ``root``: the folder the file must stay inside (an artifact's). Any problem is a ``PriorError``
+        naming the file.
+        """
+        from trace_dspy.core.files import FileCheckError, check_finite, read_header_npz
+
         path = Path(path)
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in ("idf", "weights", "bias", "header")}
-            header = json.loads(arrays.pop("header").tobytes().decode())
-        except FileNotFoundError:
-            raise PriorError(f"emotion prior not found: {path}") from None
-        except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile, EOFError) as exc:
-            raise PriorError(f"{path}: damaged emotion prior ({type(exc).__name__}: {exc})") from None
-        if header.get("feature_version") not in READABLE_VERSIONS:
-            raise PriorError(f"{path}: made for feature version {header.get('feature_version')}, this code "
+            header, arrays = read_header_npz(path, ("idf", "weights", "bias"), limits=LIMITS, root=root)
+            check_finite(path, arrays)
+        except FileCheckError as exc:
+            if exc.reason == "is missing" and exc.path == str(path):
+                raise PriorError(f"emotion prior not found: {path}") from None
+            raise PriorError(f"{exc.path}: damaged emotion prior: {exc.reason}") from None
+        version = header.get("feature_version")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise PriorError(f"{path}: made for feature version {version!r}, this code "
                              f"reads versions {', '.join(map(str, READABLE_VERSIONS))}; recompile to refit it")
-        labels, vocab = tuple(header.pop("labels", ())), tuple(header.pop("vocab", ()))
+        labels, vocab = header.pop("labels", None), header.pop("vocab", None)
+        for key, value in (("labels", labels), ("vocab", vocab)):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise PriorError(f"{path}: header {key}: expected a list of text")
+        labels, vocab = tuple(labels), tuple(vocab)
+        if not labels or set(labels) - set(EMOTIONS):
+            raise PriorError(f"{path}: header labels: expected emotion labels, found {', '.join(labels)[:200]!r}")
         w = arrays["weights"]
-        if (not labels or set(labels) - set(EMOTIONS) or arrays["idf"].shape != (len(vocab),)
-                or arrays["bias"].shape != (len(labels),) or w.ndim != 2 or w.shape[1] != len(labels)
-                or w.shape[0] <= len(vocab)):
+        if (arrays["idf"].shape != (len(vocab),) or arrays["bias"].shape != (len(labels),) or w.ndim != 2
+                or w.shape[1] != len(labels) or w.shape[0] <= len(vocab)):
             raise PriorError(f"{path}: the arrays' shapes do not fit together")
-        if not all(np.isfinite(a).all() for a in arrays.values()):
-            raise PriorError(f"{path}: the prior holds non-finite values")
         return cls(labels, vocab, arrays["idf"].astype(np.float32), w.astype(np.float32),
                    arrays["bias"].astype(np.float32), header)
 

@@ -207,15 +207,18 @@ class LoadedProgram:
 
 
 def _read_json_object(folder: Path, name: str, missing: str, max_bytes: int) -> dict[str, Any]:
+    from trace_dspy.core.files import FileCheckError, read_bytes
     from trace_dspy.core.safety import JSONLimitError, load_json
 
     path = folder / name
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ArtifactError(f"{folder}: {missing}")
-    if path.stat().st_size > max_bytes:
-        raise ArtifactError(path, "(file)", f"{path.stat().st_size:,} bytes is more than the {max_bytes:,} allowed")
     try:
-        data = load_json(path.read_bytes(), str(path), max_bytes=max_bytes)
+        raw = read_bytes(path, max_bytes=max_bytes, root=folder)
+    except FileCheckError as exc:
+        raise ArtifactError(path, "(file)", exc.reason) from None
+    try:
+        data = load_json(raw, str(path), max_bytes=max_bytes)
     except JSONLimitError as exc:
         raise ArtifactError(f"{path}: damaged or truncated JSON ({str(exc).removeprefix(f'{path}: ')})") from None
     if not isinstance(data, dict):
@@ -389,9 +392,13 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         # ... and before the chat writer saw the retrieved exemplars.
         saved_program.setdefault("reply_exemplars", False)
         config = ProgramConfig.from_dict(saved_program)
-        recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
     except (ConfigError, AttributeError, TypeError) as exc:
         raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
+    try:
+        # Type and bounds of every recorded LM setting (num_retries, timeout, api_base, local ...).
+        recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
+    except (ConfigError, AttributeError, TypeError) as exc:
+        raise ArtifactError(folder / "manifest.json", "config.lm", f"invalid config: {exc}") from None
     if lm_config is None and not trust_lm:
         check_lm_trust(recorded_lm, folder / "manifest.json")
     if timeout is not None:
@@ -404,7 +411,7 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
         from trace_dspy.data.retrieval import ExemplarIndex
 
         try:
-            program.retriever = ExemplarIndex.load(folder / "index")
+            program.retriever = ExemplarIndex.load(folder / "index", root=folder)
         except ConfigError as exc:
             raise ArtifactError(str(exc)) from None
     elif config.retrieval.enabled and manifest.get("retrieval", {}).get("index"):
@@ -447,12 +454,12 @@ def _load_prior(folder: Path, manifest: dict[str, Any], config: ProgramConfig):
 
     path = folder / FILE_NAME
     recorded = (manifest.get("emotion_prior") or {}).get("file")
-    if not path.is_file():
+    if not os.path.lexists(path):
         if recorded:
             raise ArtifactError(f"{folder}: the emotion prior ({FILE_NAME}) is missing")
         return None
     try:
-        return EmotionPrior.load(path)
+        return EmotionPrior.load(path, root=folder)
     except PriorError as exc:
         raise ArtifactError(str(exc)) from None
 
