@@ -126,8 +126,6 @@ def _check_spec_values(spec: LMSpec) -> None:
     _check_local(spec.local)
 
 
-
-
 @dataclass(frozen=True)
 class LMSpec:
     """How to build one ``dspy.LM``. Holds no secrets."""
