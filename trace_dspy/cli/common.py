@@ -201,6 +201,16 @@ def output_dir(text: str) -> Path:
     return path
 
 
+def command_line(module: str, argv: list[str]) -> str:
+    """How a command was run, for its records: ``python -m trace_dspy.<module> ARGS``, with credentials
+    (a password in an --api-base URL) masked."""
+    import shlex
+
+    from trace_dspy.core.safety import redact
+
+    return redact(f"python -m trace_dspy.{module} {shlex.join(argv)}", limit=None)
+
+
 def fail(message: str, code: int = 2) -> int:
     """Print one ``error:`` line (credentials masked, control characters escaped); return the exit code."""
     from trace_dspy.core.safety import redact, terminal_safe

@@ -16,13 +16,13 @@ current champion's. It ends with the before/after table.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 
 from trace_dspy.cli.common import (
     add_data_args,
     add_model_args,
     add_tracking_args,
+    command_line,
     fail,
     failure_rate,
     settings_from_args,
@@ -110,7 +110,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
         trace=args.trace,
         registered_model=args.registered_model or "trace-dspy",
         max_failure_rate=args.max_failure_rate if args.max_failure_rate is not None else 0.5,
-        command="python -m trace_dspy.compile " + shlex.join(argv),
+        command=command_line("compile", argv),
         extra={"verbose": args.verbose},
     )
     if cfg.train < 1 or cfg.dev < 1:

@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import json
 import re
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from trace_dspy.cli.common import (
     add_data_args,
     add_model_args,
     add_tracking_args,
+    command_line,
     fail,
     failure_rate,
     output_dir,
@@ -179,7 +179,7 @@ def _evaluate_one(args, argv, ref: str, loaded, metric, source, examples, parts:
         return 130
 
     summary = {**result.summary, "similarity_kind": metric.similarity_kind}
-    record = {"command": "python -m trace_dspy.evaluate " + shlex.join(argv), "run": parts, "summary": summary,
+    record = {"command": command_line("evaluate", argv), "run": parts, "summary": summary,
               "data": source.describe(), "program": loaded.describe()}
     results[ref] = result
     print(format_table({ref: summary}, [k for k in TABLE_KEYS if k in summary]))
@@ -248,7 +248,7 @@ def _print_comparison(args, argv, programs: list[str], results: dict, base: dict
         headers += [key, f"{key} vs {programs[0]} [95% CI]"]
     print(f"\n{len(first)} items, each program against {programs[0]} (paired bootstrap, seed {args.seed}):")
     print(markdown_table(headers + ["Dist-2", "failed"], cells))
-    atomic_write_json(out_dir / "compare.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
+    atomic_write_json(out_dir / "compare.json", {"command": command_line("evaluate", argv),
                                                  "run": {**base, "programs": programs}, "table": table})
     print(f"compare.json in {out_dir}")
 
@@ -309,7 +309,7 @@ def run_ablation(args, argv, settings: Settings, source, examples, metric) -> in
     print(markdown_table(["variant", "empathy", "diff vs full [95% CI]", "learned empathy", "strategy fit", "relevance",
                           "emotion_acc", "similarity", "rules", "Dist-2", "collapsed", "failed", "replies written",
                           "s/dialogue"], table_rows, align="lrrrrrrrrrlrrr"))
-    atomic_write_json(out_dir / "ablation.json", {"command": "python -m trace_dspy.evaluate " + shlex.join(argv),
+    atomic_write_json(out_dir / "ablation.json", {"command": command_line("evaluate", argv),
                                                   "run": parts, "table": table})
     print(f"rows and ablation.json in {out_dir}")
     if not args.no_mlflow:

@@ -5,16 +5,19 @@ overhead is what it was. :func:`tracing` turns it on for the calling context; wo
 through :func:`trace_dspy.core.console.with_dspy_context` inherit the switch.
 
 Tracing and model logging stay separate: spans hold JSON-able inputs, outputs and attributes only.
+Whenever tracing is on, :func:`redact_span` masks credentials in every span before MLflow stores it.
 """
 
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 _ENABLED: contextvars.ContextVar[bool] = contextvars.ContextVar("trace_dspy_tracing", default=False)
+_INSTALL_LOCK = threading.Lock()
 
 
 
@@ -25,11 +28,90 @@ def enabled() -> bool:
 @contextmanager
 def tracing(on: bool = True) -> Iterator[None]:
     """Record spans (``on``) or not inside the block; restores the previous setting after it."""
+    if on:
+        install_redaction()
     token = _ENABLED.set(bool(on))
     try:
         yield
     finally:
         _ENABLED.reset(token)
+
+
+def _masked(value: Any) -> Any:
+    from trace_dspy.core.safety import redact
+
+    return redact(value, limit=None) if isinstance(value, str) else value
+
+
+def redact_span(span) -> None:
+    """An MLflow span processor: mask credentials in everything a span carries before it is exported.
+
+    Its name, every attribute (inputs and outputs are JSON text in attributes), every event (an
+    exception event holds the message and the stack trace) and its status message. Spans that MLflow's
+    autologgers or libraries make pass through it as well as the program's own.
+    """
+    otel = getattr(span, "_span", None)
+    if otel is None:
+        return
+    name = getattr(otel, "name", None)
+    if isinstance(name, str) and _masked(name) != name:
+        otel.update_name(_masked(name))
+    for key, value in list((otel.attributes or {}).items()):
+        masked = _masked(value)
+        if masked != value:
+            otel.set_attribute(key, masked)
+    events = getattr(otel, "_events", None)
+    if events:
+        from opentelemetry.sdk.trace import Event
+
+        changed = False
+        cleaned = []
+        for event in list(events):
+            attributes = {k: _masked(v) for k, v in (event.attributes or {}).items()}
+            if attributes != dict(event.attributes or {}) or _masked(event.name) != event.name:
+                event = Event(_masked(event.name), attributes, event.timestamp)
+                changed = True
+            cleaned.append(event)
+        if changed:
+            from opentelemetry.sdk.util import BoundedList
+
+            otel._events = BoundedList.from_seq(getattr(getattr(events, "_dq", None), "maxlen", None), cleaned)
+    status = getattr(otel, "_status", None)
+    description = getattr(status, "description", None)
+    if description and _masked(description) != description:
+        from opentelemetry.trace import Status
+
+        otel._status = Status(status.status_code, _masked(description))
+    if getattr(span, "parent_id", None) is None:
+        _redact_trace_info(span)
+
+
+def _redact_trace_info(root) -> None:
+    """Mask the tags and metadata of the root span's trace (its name is a tag, taken at its start)."""
+    try:
+        from mlflow.tracing.trace_manager import InMemoryTraceManager
+
+        with InMemoryTraceManager.get_instance().get_trace(root.trace_id) as trace:
+            if trace is None:
+                return
+            for table in (trace.info.tags, trace.info.trace_metadata):
+                for key, value in list(table.items()):
+                    if _masked(value) != value:
+                        table[key] = _masked(value)
+    except ImportError:  # an MLflow without the in-memory trace manager: span contents are masked still
+        return
+
+
+def install_redaction() -> None:
+    """Make :func:`redact_span` one of MLflow's span processors (once per process), so that no span of
+    a trace this program records, or lets an autologger record, is stored with a credential in it."""
+    import mlflow.tracing
+    from mlflow.tracing.config import get_config
+
+    with _INSTALL_LOCK:
+        current = list(get_config().span_processors or [])
+        if redact_span not in current:
+            mlflow.tracing.configure(span_processors=[*current, redact_span])
 
 
 def last_trace_id() -> str | None:
@@ -76,6 +158,7 @@ def span(name: str, *, inputs: Any = None, span_type: str = "CHAIN", attributes:
         return
     import mlflow
 
+    install_redaction()  # again: a change of tracking URI resets MLflow's span processors
     with mlflow.start_span(name=name, span_type=span_type) as live:
         if inputs is not None:
             live.set_inputs(_plain(inputs))
@@ -114,6 +197,7 @@ def lm_span_callback():
                 return
             import mlflow
 
+            install_redaction()
             parent = mlflow.get_current_active_span()
             kwargs = dict(inputs.get("kwargs") or {})
             live = mlflow.start_span_no_context(
@@ -141,11 +225,14 @@ def lm_span_callback():
                     "total_tokens": int(usage.get("total_tokens") or 0)})
             if exception is not None:
                 live.set_status("ERROR")
-                live.set_attribute("error", f"{type(exception).__name__}: {exception}"[:500])
+                from trace_dspy.core.safety import redact
+
+                live.set_attribute("error", redact(f"{type(exception).__name__}: {exception}", limit=500))
             live.set_outputs(_plain(outputs))
             live.end()
 
     return LMSpans()
 
 
-__all__ = ["NO_SPAN", "enabled", "last_trace_id", "lm_span_callback", "span", "tracing"]
+__all__ = ["NO_SPAN", "enabled", "install_redaction", "last_trace_id", "lm_span_callback", "redact_span", "span",
+           "tracing"]

@@ -9,10 +9,20 @@ pickle), so that ``mlflow.pyfunc.load_model``, ``mlflow models serve`` and
 ``artifact/`` folder; both kinds load. Each version carries the dev score as a
 tag; the alias ``champion`` moves to a new version only when that score beats
 the current champion's.
+
+MLflow's own loaders (``mlflow.pyfunc.load_model``, ``mlflow models serve``,
+``spark_udf``) run the model's logged code file, so a model whose files were
+edited in the store runs the edited code. When a model is logged, the sha256 of
+each of its files is recorded in the store (the logged model's and the version's
+tag ``trace_dspy.files_sha256``); :func:`fetch_artifact`, which every loader of
+this project goes through, checks the downloaded files against it and refuses a
+model with a changed, missing or added file, naming it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -23,6 +33,85 @@ DEFAULT_MODEL = "trace-dspy"
 CHAMPION = "champion"
 SCORE_TAG = "dev_empathy"
 ARTIFACT_SUBDIR = "artifact"
+DIGEST_TAG = "trace_dspy.files_sha256"
+# MLflow's longest tag value on a logged model; a longer record keeps one digest of the whole tree.
+_MAX_TAG = 8000
+
+
+def file_digests(root: Path) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``root``; a symbolic link or other non-file is
+    recorded by kind, so that one replacing a file is a change too."""
+    digests: dict[str, str] = {}
+    for path in sorted(Path(root).rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            digests[rel] = "symlink"
+        elif path.is_file():
+            h = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            digests[rel] = h.hexdigest()
+        elif not path.is_dir():
+            digests[rel] = "special"
+    return digests
+
+
+def _tree_digest(digests: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def digest_record(root: Path) -> str:
+    """The tag value that records ``root``'s files: their digests, or one digest of all when too long."""
+    digests = file_digests(root)
+    text = json.dumps(digests, sort_keys=True, separators=(",", ":"))
+    if len(text) > _MAX_TAG:
+        text = json.dumps({"*": _tree_digest(digests)}, separators=(",", ":"))
+    return text
+
+
+def verify_files(root: Path, record: str, ref: str) -> None:
+    """Refuse (ArtifactError, naming the file) a downloaded model whose files differ from ``record``."""
+    try:
+        recorded = json.loads(record)
+        if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+            raise ValueError("not an object of digests")
+    except ValueError as exc:
+        raise ArtifactError(f"{ref}: the file digests recorded at registration ({DIGEST_TAG}) are unreadable "
+                            f"({exc}); refusing to load it") from None
+    actual = file_digests(root)
+    how = "its files were edited in the store after it was logged; refusing to load it"
+    if set(recorded) == {"*"}:
+        if _tree_digest(actual) != recorded["*"]:
+            raise ArtifactError(f"{ref}: its files differ from the digest recorded at registration: {how}")
+        return
+    for rel in sorted(set(recorded) | set(actual)):
+        if rel not in actual:
+            raise ArtifactError(f"{ref}: {rel} is missing (it was there when the model was logged): {how}")
+        if rel not in recorded:
+            raise ArtifactError(f"{ref}: {rel} was not there when the model was logged: {how}")
+        if actual[rel] != recorded[rel]:
+            raise ArtifactError(f"{ref}: {rel} differs from the sha256 recorded when the model was logged: {how}")
+
+
+def recorded_digests(client, *, model_version=None, model_id: str | None = None) -> str | None:
+    """The digest record of a registry version (its own tag, else its logged model's), or of a logged model."""
+    if model_version is not None:
+        record = (model_version.tags or {}).get(DIGEST_TAG)
+        if record:
+            return record
+        model_id = getattr(model_version, "model_id", None)
+        source = str(getattr(model_version, "source", "") or "")
+        if not model_id and re.fullmatch(r"models:/m-[0-9a-f]+", source):
+            model_id = source[len("models:/"):]
+    if not model_id:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return (client.get_logged_model(model_id).tags or {}).get(DIGEST_TAG)
+    except MlflowException:
+        return None
 
 
 def _client(tracking_uri: str | None):
@@ -54,8 +143,10 @@ def register_version(run_id: str, artifact_uri: str, score: float, *, model: str
         except MlflowException:
             client.create_registered_model(model, description="TRACE programs compiled by trace-dspy (JSON state)")
     source = model_uri or f"{artifact_uri}/{ARTIFACT_SUBDIR}"
+    record = recorded_digests(client, model_id=model_id)  # the files' digests, taken when the model was logged
     version = client.create_model_version(model, source=source, run_id=run_id, model_id=model_id,
-                                          tags={SCORE_TAG: repr(float(score)), **(tags or {})})
+                                          tags={SCORE_TAG: repr(float(score)), **(tags or {}),
+                                                **({DIGEST_TAG: record} if record else {})})
     return int(version.version)
 
 
@@ -91,10 +182,11 @@ def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str 
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
+    record = None
     try:
         if ref == CHAMPION:
             mv = client.get_model_version_by_alias(DEFAULT_MODEL, CHAMPION)
-            uri = mv.source
+            uri, record = mv.source, recorded_digests(client, model_version=mv)
         elif ref.startswith("models:/"):
             body = ref[len("models:/"):]
             if "@" in body:
@@ -103,9 +195,14 @@ def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str 
             elif re.fullmatch(r"[^/]+/\d+", body):
                 name, number = body.rsplit("/", 1)
                 mv = client.get_model_version(name, number)
+            elif re.fullmatch(r"m-[0-9a-f]+", body):  # a logged model by its id
+                mv = None
+                client.get_logged_model(body)
             else:
                 raise ArtifactError(f"{ref!r}: use models:/NAME/VERSION or models:/NAME@ALIAS")
-            uri = mv.source
+            uri = mv.source if mv is not None else ref
+            record = recorded_digests(client, model_version=mv) if mv is not None else \
+                recorded_digests(client, model_id=body)
         elif ref.startswith("runs:/"):
             body = ref[len("runs:/"):].strip("/")
             if not body:
@@ -119,7 +216,10 @@ def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str 
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst) if dst else None,
                                                     tracking_uri=resolve_tracking_uri(tracking_uri))
     except MlflowException as exc:
-        raise ArtifactError(f"cannot fetch {ref!r} from {resolve_tracking_uri(tracking_uri)}: {exc.message}") from None
+        first = next((line for line in str(exc.message).splitlines() if line.strip()), "")[:300]
+        raise ArtifactError(f"cannot fetch {ref!r} from {resolve_tracking_uri(tracking_uri)}: {first}") from None
+    if record:
+        verify_files(Path(local), record, ref)
     found = artifact_folder_in(Path(local))
     if found is None:
         raise ArtifactError(f"{ref!r} holds no trace-dspy artifact (no manifest.json in {local})")

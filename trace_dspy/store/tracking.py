@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -108,14 +109,145 @@ def prepare_tracing(tracking_uri: str | None, experiment: str) -> str:
 @contextmanager
 def mlflow_run(*, tracking_uri: str | None, experiment: str, run_name: str, tags: Mapping[str, str] | None = None,
                nested: bool = False):
-    """Start (and always end) an MLflow run; yields the run."""
+    """Start (and always end) an MLflow run; yields the run.
+
+    A sqlite store that another process keeps locked ends the run with :class:`StoreLocked` (one line
+    naming the file) instead of MLflow's SQL error: at the start after :func:`wait_for_store`'s bounded
+    wait, and inside the run when an MLflow call finds the store locked.
+    """
     import mlflow
 
     uri = resolve_tracking_uri(tracking_uri)
-    experiment_id = ensure_experiment(experiment, uri)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=dict(tags or {}),
-                          nested=nested) as run:
-        yield run
+    wait_for_store(uri)
+    try:
+        experiment_id = ensure_experiment(experiment, uri)
+        run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=_masked_tags(tags),
+                               nested=nested)
+    except Exception as exc:
+        if is_lock_error(exc):
+            raise StoreLocked(_locked_message(uri, store_wait())) from None
+        raise
+    token = _SAVED.set(None)
+    try:
+        try:
+            yield run
+        except BaseException as exc:
+            if is_lock_error(exc):
+                # Ending the run would wait on the same lock again: it stays RUNNING, as after a kill.
+                _forget_active_run()
+                raise StoreLocked(_locked_message(uri, store_wait(), run_id=run.info.run_id)) from None
+            mlflow.end_run("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+            raise
+        try:
+            mlflow.end_run("FINISHED")
+        except Exception as exc:
+            if is_lock_error(exc):
+                raise StoreLocked(_locked_message(uri, store_wait(), run_id=run.info.run_id)) from None
+            raise
+    finally:
+        _SAVED.reset(token)
+
+
+# ---------------------------------------------------------------- a store locked by another process
+
+ENV_STORE_WAIT = "TRACE_DSPY_STORE_WAIT"
+# MLflow's own sqlite sessions wait 20 s for a lock; the check before a run waits as long by default.
+DEFAULT_STORE_WAIT = 20.0
+_SAVED: ContextVar[str | None] = ContextVar("trace_dspy_saved_before_logging", default=None)
+
+
+class StoreLocked(ValueError):
+    """Another process holds a write lock on the sqlite tracking store past the bounded wait."""
+
+
+def store_wait() -> float:
+    """Seconds to wait for a locked sqlite store: ``TRACE_DSPY_STORE_WAIT``, default 20."""
+    raw = os.environ.get(ENV_STORE_WAIT, "").strip()
+    if not raw:
+        return DEFAULT_STORE_WAIT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:  # also false for NaN
+        raise ValueError(f"{ENV_STORE_WAIT} must be a number of seconds from 0 to 3600, not {raw!r}")
+    return seconds
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return Path(tracking_uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it came from) is sqlite's "database is locked"."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if "database is locked" in str(current)[:2000]:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _locked_message(tracking_uri: str, waited: float, *, run_id: str | None = None) -> str:
+    db = _sqlite_file(tracking_uri) or tracking_uri
+    parts = [f"the MLflow store {db} is locked by another process (still locked after {waited:g} s)"]
+    saved = _SAVED.get()
+    if saved:
+        parts.append(f"{saved}; only its MLflow logging failed")
+    if run_id:
+        parts.append(f"the MLflow run {run_id} stays marked RUNNING")
+    parts.append(f"let the other process finish and run again, or use --no-mlflow or another --tracking-uri "
+                 f"(wait longer with {ENV_STORE_WAIT}=SECONDS)")
+    return "; ".join(parts)
+
+
+def wait_for_store(tracking_uri: str | None, *, saved: str | None = None) -> None:
+    """Wait, at most ``TRACE_DSPY_STORE_WAIT`` seconds, until a sqlite store can take a write.
+
+    Raises :class:`StoreLocked` when another process still holds its lock. ``saved`` says what is
+    already on disk (e.g. a compile's artifact version); a lock error later in the same run repeats it.
+    Other stores, and a sqlite file that does not exist yet, pass at once.
+    """
+    uri = resolve_tracking_uri(tracking_uri)
+    if saved is not None:
+        _SAVED.set(saved)
+    db = _sqlite_file(uri)
+    if db is None or not db.is_file():
+        return
+    import sqlite3
+
+    waited = store_wait()
+    try:
+        con = sqlite3.connect(str(db), timeout=waited, isolation_level=None)
+        try:
+            con.execute("BEGIN IMMEDIATE")  # the write lock: waits while another connection holds it
+            con.execute("ROLLBACK")
+        finally:
+            con.close()
+    except sqlite3.OperationalError as exc:
+        if is_lock_error(exc):
+            raise StoreLocked(_locked_message(uri, waited)) from None
+        raise
+
+
+def _forget_active_run() -> None:
+    """Drop the innermost active run from MLflow's run stack without writing to the store."""
+    from mlflow.environment_variables import MLFLOW_RUN_ID
+    from mlflow.tracking import fluent
+
+    stack = fluent._active_run_stack.get()
+    if stack:
+        stack.pop()
+    MLFLOW_RUN_ID.unset()
+
+
+def _masked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    """Run tags with credentials masked (a tag may quote a command line)."""
+    return {k: redact(v, limit=None) if isinstance(v, str) else v for k, v in (tags or {}).items()}
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

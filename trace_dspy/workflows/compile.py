@@ -202,7 +202,11 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                     promote_if_better,
                     register_version,
                 )
+                from trace_dspy.store.tracking import wait_for_store
 
+                # A store another process keeps locked: one bounded wait, then an error that names the saved version.
+                wait_for_store(cfg.tracking_uri, saved=f"the artifact {cfg.name}@v{final_manifest['version']} is saved "
+                                                      f"in {folder}")
                 mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
                                  "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
                 # 2. log: params, metrics, the artifact's files and the pyfunc model that carries them
