@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 import dspy
 
 from trace_dspy.core.config import STAGES, ConfigError
+from trace_dspy.core.safety import redact_exception, register_secret_name, register_url_credentials
 from trace_dspy.core.stages import STAGE_GROUPS
 
 ROLES = ("judge", "prompt")
@@ -154,6 +155,10 @@ class LMSpec:
             raise ConfigError(
                 f"api_key_env must be the NAME of an environment variable, not {self.api_key_env[:4]!r}..."
             )
+        # The variable this spec reads its key from, and a password in its URL, are masked in every
+        # message, row and trace from now on, whatever the variable is called.
+        register_secret_name(self.api_key_env)
+        register_url_credentials(self.api_base)
 
     @property
     def is_local(self) -> bool:
@@ -343,11 +348,21 @@ class TraceLM(dspy.LM):
                                                                               self.kwargs.get("rollout_id")))
         return kwargs
 
+    # An error that leaves the LM has its credentials masked (a provider's 401 may quote the key), so
+    # that every recorder after it (traces, logs, error rows) sees the masked text.
     def __call__(self, prompt=None, messages=None, **kwargs):
-        return super().__call__(prompt=prompt, messages=messages, **self._call_kwargs(kwargs))
+        try:
+            return super().__call__(prompt=prompt, messages=messages, **self._call_kwargs(kwargs))
+        except Exception as exc:
+            redact_exception(exc)
+            raise
 
     async def acall(self, prompt=None, messages=None, **kwargs):
-        return await super().acall(prompt=prompt, messages=messages, **self._call_kwargs(kwargs))
+        try:
+            return await super().acall(prompt=prompt, messages=messages, **self._call_kwargs(kwargs))
+        except Exception as exc:
+            redact_exception(exc)
+            raise
 
 
 class GrammarLM(TraceLM):
@@ -422,6 +437,7 @@ def build_lm(spec: LMSpec) -> dspy.LM:
     if spec.api_base:
         kwargs["api_base"] = spec.api_base
     if spec.api_key_env:
+        register_secret_name(spec.api_key_env)
         key = os.environ.get(spec.api_key_env)
         if not key:
             raise ConfigError(f"api_key_env names {spec.api_key_env}, but that environment variable is not set")

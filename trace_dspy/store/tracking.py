@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core.safety import redact
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "trace-dspy"
 
@@ -80,9 +82,14 @@ def ensure_experiment(name: str, tracking_uri: str) -> str:
     """Create the experiment with an explicit artifact folder beside a sqlite store."""
     import mlflow
 
+    from trace_dspy.core.spans import install_redaction
+
     _quiet_mlflow()
     init_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
+    # After the URI: a new URI resets MLflow's tracing configuration. Every trace stored from here on
+    # has its credentials masked.
+    install_redaction()
     existing = mlflow.get_experiment_by_name(name)
     if existing is not None:
         return existing.experiment_id
@@ -259,7 +266,7 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
             out.update(flatten(value, name + "."))
         else:
             text = value if isinstance(value, str) else json.dumps(value)
-            out[name] = text[:6000]
+            out[name] = redact(text, limit=None)[:6000]
     return out
 
 
@@ -288,7 +295,7 @@ def warn_not_logged(exc: BaseException, results) -> None:
     """MLflow failed after the results were written: say where they are instead of losing them."""
     import sys
 
-    print(f"warning: could not log to MLflow ({type(exc).__name__}: {exc}); results are in {results}",
+    print(f"warning: could not log to MLflow ({redact(f'{type(exc).__name__}: {exc}')}); results are in {results}",
           file=sys.stderr)
 
 
