@@ -200,6 +200,8 @@ class ResumePlan:
     aside: list[dict]
     aside_path: Path
     output_path: Path
+    written: int = 0  # rows appended by this run
+    failed_now: int = 0  # of which errors
 
     def row(self, item_id: str, line: int, **fields: Any) -> dict:
         """An output row: id, line, the dialogue's hash (null for a line without a usable dialogue), the
@@ -224,7 +226,19 @@ class ResumePlan:
                         added, self.aside_path, MOVED)
         return added
 
-    def finish(self, answered: int) -> BatchReport:
+    def append(self, out: AppendWriter, rec: dict) -> None:
+        """Append a row of this run to the output (durably) and keep it for the final rewrite; a write
+        error is an ``OutputWriteError`` that says how many rows were kept."""
+        try:
+            out.write(rec)
+        except OSError as exc:
+            raise OutputWriteError(self.output_path, exc, f"the {self.written} row(s) written in this run and "
+                                   "every earlier one are kept; a rerun answers the rest") from exc
+        self.written += 1
+        self.failed_now += "error" in rec
+        self.rows[rec["id"]] = rec
+
+    def finish(self) -> BatchReport:
         """Rewrite the output once, in input order, one row per input line (atomic replace)."""
         from trace_dspy.core.jsonl import atomic_write_lines
 
@@ -235,7 +249,7 @@ class ResumePlan:
             raise OutputWriteError(self.output_path, exc, "its rows are as they were before the final "
                                    "rewrite, and a rerun completes it") from exc
         failed = sum("error" in self.rows.get(i, {"error": 1}) for i, _, _ in self.items)
-        return BatchReport(total=len(self.items), answered=answered, skipped=len(self.items) - len(self.todo),
+        return BatchReport(total=len(self.items), answered=self.written - self.failed_now, skipped=len(self.items) - len(self.todo),
                            failed=failed, moved_aside=len(self.aside))
 
 
@@ -345,7 +359,6 @@ def respond_batch(
     plan = plan_batch(input_path, output_path)
     plan.move_aside()
     todo, retry = plan.todo, plan.retry
-    failed = written = 0
 
     def answer(item: tuple[str, Any, int]) -> dict:
         item_id, dialogue, line = item
@@ -362,15 +375,7 @@ def respond_batch(
 
     with AppendWriter(output_path) as out, progress(total=len(todo), desc="respond") as bar:
         def write(rec: dict) -> None:  # called from this thread only
-            nonlocal failed, written
-            try:
-                out.write(rec)
-            except OSError as exc:
-                raise OutputWriteError(output_path, exc, f"the {written} row(s) written in this run and every "
-                                       "earlier one are kept; a rerun answers the rest") from exc
-            written += 1
-            failed += "error" in rec
-            plan.rows[rec["id"]] = rec
+            plan.append(out, rec)
             bar.update(1)
 
         if threads <= 1:
@@ -385,4 +390,4 @@ def respond_batch(
                 # On Ctrl-C, drop the queued lines instead of waiting for them.
                 pool.shutdown(wait=False, cancel_futures=True)
 
-    return plan.finish(answered=len(todo) - failed)
+    return plan.finish()

@@ -158,25 +158,16 @@ def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike,
     loses at most the chunk in flight."""
     from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
     from trace_dspy.core.jsonl import AppendWriter
-    from trace_dspy.workflows.batch import OutputWriteError, plan_batch
+    from trace_dspy.workflows.batch import plan_batch
 
     input_path, output_path = Path(input_path), Path(output_path)
     plan = plan_batch(input_path, output_path)  # the plain batch's resume rules: see respond_batch
     plan.move_aside()
     todo = plan.todo
-    failed = written = 0
     own_session = spark is None
     with AppendWriter(output_path) as out:
         def write(rec: dict[str, Any]) -> None:
-            nonlocal failed, written
-            try:
-                out.write(rec)
-            except OSError as exc:
-                raise OutputWriteError(output_path, exc, f"the {written} row(s) written in this run and every "
-                                       "earlier one are kept; a rerun answers the rest") from exc
-            written += 1
-            failed += "error" in rec
-            plan.rows[rec["id"]] = rec
+            plan.append(out, rec)
             if on_row:
                 on_row(rec)
 
@@ -214,7 +205,7 @@ def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike,
             finally:
                 if own_session:
                     spark.stop()
-    return plan.finish(answered=len(todo) - failed)
+    return plan.finish()
 
 
 def temporary_workdir() -> tempfile.TemporaryDirectory:
