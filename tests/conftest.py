@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import dspy
@@ -146,3 +148,42 @@ def compile_fast(tmp_path: Path, monkeypatch, *, trace: bool = True) -> str:
     assert main(["--optimizer", "labeled", "--max-labeled", "1", "--train", "4", "--dev", "3", "--threads", "1",
                  "--config", "fast.toml", "--tracking-uri", uri, *([] if trace else ["--no-trace"])]) == 0
     return uri
+
+
+@contextlib.contextmanager
+def mlflow_serve(model_uri: str, env: dict[str, str], cwd: Path) -> Iterator[str]:
+    """``mlflow models serve`` of ``model_uri`` on a free 127.0.0.1 port; yields its base URL once /ping
+    answers (at most 180 s), and stops the server after the block. Its output goes to cwd/serve.log."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    with open(cwd / "serve.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri,
+                                 "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+                                env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 180
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/ping", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None, (cwd / "serve.log").read_text()[-3000:]
+                assert time.time() < deadline, "the server did not start in 180 s"
+                time.sleep(1)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -11,19 +11,17 @@ the secrets.
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
 import secrets
 import subprocess
 import sys
-import threading
-import types
 from pathlib import Path
 
 import pytest
 
 from trace_dspy.testing.fakes import ScriptedEngine
+from trace_dspy.testing.server import FakeChatServer
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = '[metric]\nsimilarity_kind = "token_f1"\n[program]\nprior_k = 0\n[lm]\nnum_retries = 0\n'
@@ -38,84 +36,16 @@ def echo(outputs, inputs):
 # ---------------------------------------------------------------- a provider that quotes the key
 
 
-class _Provider(http.server.BaseHTTPRequestHandler):
-    """OpenAI-compatible chat endpoint. ``mode``: "refuse" answers every request with a 401 that
-    quotes the Authorization header; "some" refuses every third request that way and answers the
-    others; "garbage" answers with ``garbage`` as the reply text."""
-
-    protocol_version = "HTTP/1.1"
-    engine = ScriptedEngine(echo)
-    mode = "refuse"
-    garbage = ""
-    lock = threading.Lock()
-    counts: dict[str, int]
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        auth = self.headers.get("Authorization", "")
-        with self.lock:
-            n = self.counts["requests"] = self.counts["requests"] + 1
-        if self.mode == "refuse" or (self.mode == "some" and n % 3 == 0):
-            with self.lock:
-                self.counts["refused"] += 1
-            self._send(401, {"error": {"message": f"Incorrect API key provided: {auth}. You can find your key "
-                                                  f"at https://example.invalid/keys (header {auth!r})",
-                                       "type": "invalid_request_error", "code": "invalid_api_key"}})
-            return
-        if self.mode == "garbage":
-            reply = self.garbage
-        else:
-            def text(m):
-                c = m.get("content") or ""
-                return c if isinstance(c, str) else "".join(p.get("text", "") for p in c)
-
-            request = types.SimpleNamespace(
-                system="".join(text(m) for m in body["messages"] if m["role"] == "system"),
-                messages=[types.SimpleNamespace(role=m["role"], text=text(m)) for m in body["messages"]
-                          if m["role"] != "system"])
-            reply = self.engine.complete(request).message.parts[0].text
-        with self.lock:
-            self.counts["answered"] += 1
-        self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": body.get("model", "x"),
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                                      "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
-
-    def _send(self, status, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+def provider(refuse_every: int = 1, reply: str | None = None) -> FakeChatServer:
+    """An OpenAI-compatible provider on 127.0.0.1 answering from ``echo``: every ``refuse_every``-th
+    request (1: all, 0: none) gets a 401 that quotes the Authorization header; ``reply`` replaces the
+    answer's text."""
+    return FakeChatServer(latency=0, engine=ScriptedEngine(echo), refuse_every=refuse_every, reply=reply)
 
 
-class Provider:
-    def __init__(self, mode: str, garbage: str = ""):
-        handler = type("Handler", (_Provider,), {"mode": mode, "garbage": garbage,
-                                                 "counts": {"requests": 0, "refused": 0, "answered": 0}})
-        self.handler = handler
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
-        self.server.block_on_close = False
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return dict(self.handler.counts)
-
-    def api_base(self, credentials: str = "") -> str:
-        return f"http://{credentials}127.0.0.1:{self.server.server_port}/v1"
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+def with_credentials(api_base: str, credentials: str) -> str:
+    """``api_base`` with ``user:password@`` before its host."""
+    return api_base.replace("://", f"://{credentials}", 1)
 
 
 # Runs (command, args) pairs in one process (one start-up of MLflow and DSPy, as the machine is
@@ -169,8 +99,8 @@ def secret_needles(key: str, password: str, user: str = "alice") -> list[str]:
 # ---------------------------------------------------------------- 1 and 2: no key in any store
 
 
-@pytest.mark.parametrize(("mode", "variable"), [("refuse", "LLM_CRED"), ("some", "Q7_SETTING")])
-def test_no_key_or_url_password_reaches_any_file_with_tracing_on_or_off(tmp_path, mode, variable):
+@pytest.mark.parametrize(("refuse_every", "variable"), [(1, "LLM_CRED"), (3, "Q7_SETTING")])
+def test_no_key_or_url_password_reaches_any_file_with_tracing_on_or_off(tmp_path, refuse_every, variable):
     """The key is in a variable whose name does not look like a key's; the provider quotes it in its
     401 replies (every reply, or every third one so that success and failure both occur). respond
     (one message, and a batch), evaluate and compile run with tracing on and off; then the key and
@@ -179,11 +109,10 @@ def test_no_key_or_url_password_reaches_any_file_with_tracing_on_or_off(tmp_path
     password = "pw" + secrets.token_hex(10)
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "turns": [f"I lost my keys {i}."]}) + "\n"
                                                for i in range(4)))
-    with Provider(mode) as provider:
-        lm = ["--config", "c.toml", "--lm", "openai/x", "--api-base", provider.api_base(),
-              "--api-key-env", variable]
-        with_url = ["--config", "c.toml", "--lm", "openai/x", "--api-base", provider.api_base(f"alice:{password}@"),
-                    "--api-key-env", variable]
+    with provider(refuse_every) as server:
+        lm = ["--config", "c.toml", "--lm", "openai/x", "--api-base", server.api_base, "--api-key-env", variable]
+        with_url = ["--config", "c.toml", "--lm", "openai/x", "--api-base",
+                    with_credentials(server.api_base, f"alice:{password}@"), "--api-key-env", variable]
         uri = ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
         commands = [
             ["respond", [*lm, "--trace", "I failed my driving test."]],
@@ -200,13 +129,13 @@ def test_no_key_or_url_password_reaches_any_file_with_tracing_on_or_off(tmp_path
                          "--max-failure-rate", "1"]],
         ]
         run, codes, timing = run_commands(tmp_path, commands, {variable: key})
-        counts = provider.counts
+        refused, answered = server.refused, server.requests
     out, err = run.stdout, run.stderr
     (tmp_path / "run.log").write_bytes(out + b"\n" + err)  # scanned with the rest
     # The attack was live: the provider saw requests and refused some of them, quoting the key.
-    assert counts["refused"] > 0, (counts, timing)
-    if mode == "some":
-        assert counts["answered"] > 0, (counts, timing)
+    assert refused > 0, (refused, answered, timing)
+    if refuse_every > 1:
+        assert answered > 0, (refused, answered, timing)
     assert b"Traceback" not in err, err.decode(errors="replace")[-3000:]
     assert (tmp_path / "mlflow.db").is_file() and (tmp_path / "traced.jsonl").is_file()
     rows = [json.loads(line) for line in (tmp_path / "plain.jsonl").read_text().splitlines()]
@@ -274,12 +203,12 @@ def test_an_exception_leaving_the_lm_is_masked_for_every_recorder(monkeypatch):
 
     key = "sk-" + secrets.token_hex(16)
     monkeypatch.setenv("Z_SETTING", key)
-    with Provider("refuse") as provider:
-        lm = build_lm(LMSpec(model="openai/x", api_base=provider.api_base(), api_key_env="Z_SETTING",
+    with provider() as server:
+        lm = build_lm(LMSpec(model="openai/x", api_base=server.api_base, api_key_env="Z_SETTING",
                              num_retries=0, cache=False))
         with pytest.raises(Exception) as info:
             lm(messages=[{"role": "user", "content": "hi"}])
-    assert provider.counts["refused"] == 1
+    assert server.refused == 1
     shown = "".join(traceback.format_exception(info.value)) + repr(info.value) + repr(vars(info.value))
     assert key not in shown and key[3:] not in shown and "***" in shown
 
@@ -386,8 +315,8 @@ def test_a_10_mb_reply_is_one_short_error_line_without_the_secret(tmp_path):
     key = "sk-" + secrets.token_hex(20)
     garbage = ("a:" * 2_500_000) + f" Bearer {key} " + ("A" * 5_000_000)
     (tmp_path / "in.jsonl").write_text(json.dumps({"id": "only", "turns": ["I lost my job."]}) + "\n")
-    with Provider("garbage", garbage=garbage) as provider:
-        lm = ["--config", "c.toml", "--lm", "openai/x", "--api-base", provider.api_base(), "--api-key-env", "Q_VAR"]
+    with provider(refuse_every=0, reply=garbage) as server:
+        lm = ["--config", "c.toml", "--lm", "openai/x", "--api-base", server.api_base, "--api-key-env", "Q_VAR"]
         try:
             run, codes, timing = run_commands(
                 tmp_path, [["respond", [*lm, "I lost my job."]],
@@ -395,7 +324,7 @@ def test_a_10_mb_reply_is_one_short_error_line_without_the_secret(tmp_path):
                 {"Q_VAR": key}, timeout=240)
         except subprocess.TimeoutExpired:
             pytest.fail("a 10 MB reply kept respond busy for more than 240 s")
-        assert provider.counts["answered"] >= 2
+        assert server.requests >= 2
     err = run.stderr.decode()
     assert list(codes.values()) == [1, 1], (codes, err[-2000:])
     # One error for the message (DSPy's parse error spans a few lines), shortened, no traceback.

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from conftest import SECRET, compile_fast, echo_reply
+from conftest import SECRET, compile_fast, echo_reply, mlflow_serve
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.testing.fakes import ScriptedEngine
 from trace_dspy.testing.server import FakeChatServer
@@ -154,12 +150,6 @@ def test_inputs_in_every_accepted_shape():
         serving.dialogues_from(pd.DataFrame({"text": ["a"]}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, payload: dict, timeout: float = 60) -> dict:
     request = urllib.request.Request(url, data=json.dumps(payload).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -169,36 +159,13 @@ def _post(url: str, payload: dict, timeout: float = 60) -> dict:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_invocations(compiled, tmp_path):
-    port = _free_port()
     with FakeChatServer(latency=0.0, engine=ScriptedEngine(responder=echo_reply)) as lm_server:
         env = {**os.environ, "MLFLOW_TRACKING_URI": compiled, "TRACE_DSPY_LM": "openai/fake",
                "TRACE_DSPY_API_BASE": lm_server.api_base, "TRACE_DSPY_API_KEY_ENV": "FAKE_SERVING_KEY",
                "FAKE_SERVING_KEY": "unused", "TRACE_DSPY_CACHE": str(tmp_path / "cache")}
-        log = open(tmp_path / "serve.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m",
-                                 "models:/trace-dspy@champion", "--env-manager", "local", "-h", "127.0.0.1",
-                                 "-p", str(port)], env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + 180
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                assert time.time() < deadline, "the server did not start in 180 s"
-                time.sleep(1)
-            body = _post(f"http://127.0.0.1:{port}/invocations", {"dataframe_records": [
+        with mlflow_serve("models:/trace-dspy@champion", env, tmp_path) as base:
+            body = _post(f"{base}/invocations", {"dataframe_records": [
                 {"dialogue": "My dog died yesterday."}, {"dialogue": ""}, {"dialogue": "I got the job!!"}]})
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
         rows = body["predictions"]
         assert len(rows) == 3
         assert rows[0]["error"] == "" and "yesterday." in rows[0]["reply"]

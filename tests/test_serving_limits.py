@@ -122,14 +122,6 @@ def test_a_second_request_is_answered_or_refused_while_a_slow_one_runs(monkeypat
     assert out.loc[0, "error"] == "" and "take 0." in out.loc[0, "reply"]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _post(url: str, payload: dict, timeout: float = 120) -> tuple[int, str]:
     import urllib.error
     import urllib.request
@@ -145,36 +137,18 @@ def _post(url: str, payload: dict, timeout: float = 120) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_answers_503_while_busy_and_stops_a_timed_out_request(tmp_path, monkeypatch):
-    import urllib.request
-
-    from conftest import compile_fast
+    from conftest import compile_fast, mlflow_serve
     from trace_dspy.testing.server import FakeChatServer
 
     tracking = compile_fast(tmp_path, monkeypatch, trace=False)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}/invocations"
     with FakeChatServer(latency=0.4, engine=ScriptedEngine(responder=echo_reply)) as lm_server:
         env = {**{k: v for k, v in os.environ.items() if k not in SERVING_ENV},
                "MLFLOW_TRACKING_URI": tracking, "TRACE_DSPY_LM": "openai/fake",
                "TRACE_DSPY_API_BASE": lm_server.api_base, "TRACE_DSPY_API_KEY_ENV": "FAKE_SERVING_KEY",
                "FAKE_SERVING_KEY": "unused", "TRACE_DSPY_BUSY_WAIT": "0.5",
                "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT": "4"}
-        log = open(tmp_path / "serve.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "models", "serve", "-m",
-                                 "models:/trace-dspy@champion", "--env-manager", "local", "-h", "127.0.0.1",
-                                 "-p", str(port)], env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.time() + 180
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-                assert time.time() < deadline, "the server did not start in 180 s"
-                time.sleep(1)
+        with mlflow_serve("models:/trace-dspy@champion", env, tmp_path) as base:
+            url = f"{base}/invocations"
             # 10 dialogues of four or more 0.4 s calls: 16 s of LM work against a 4 s limit.
             records = [{"dialogue": f"I finally painted the fence, take {i}."} for i in range(10)]
             slow, first = _in_thread(lambda: _post(url, {"dataframe_records": records}))
@@ -197,13 +171,6 @@ def test_mlflow_models_serve_answers_503_while_busy_and_stops_a_timed_out_reques
             # The model is free again.
             status, body = _post(url, {"dataframe_records": [{"dialogue": "My dog died yesterday."}]})
             assert status == 200 and "yesterday." in json.loads(body)["predictions"][0]["reply"], body
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
 
 
 def test_threaded_rows_also_stop_calling_the_lm_at_the_limit(monkeypatch):

@@ -39,6 +39,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
         time.sleep(self.server.latency)
+        auth = self.headers.get("Authorization", "")
+        with self.server.lock:
+            self.server.received += 1
+            refuse = self.server.refuse_every and self.server.received % self.server.refuse_every == 0
+            self.server.refused += bool(refuse)
+        if refuse:
+            # A provider that rejects the key and quotes it back, as many providers' 401 replies do.
+            self._send(401, {"error": {"message": f"Incorrect API key provided: {auth}. You can find your key "
+                                                  f"at https://example.invalid/keys (header {auth!r})",
+                                       "type": "invalid_request_error", "code": "invalid_api_key"}})
+            return
         marker = self.server.fail_marker
         if marker and any(marker in _text(m) for m in messages):
             # An injected fault: a request the provider refuses (HTTP 400 is not retried by clients).
@@ -51,12 +62,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         users = [_text(m) for m in messages if m.get("role") == "user"]
         # A last assistant message is a prefill, as llama.cpp's server reads it by default.
         prefill = _text(messages[-1]) if messages and messages[-1].get("role") == "assistant" else ""
-        text = self.server.engine.reply_text(system, users[-1] if users else "", prefill=prefill)
+        text = self.server.reply
+        if text is None:
+            text = self.server.engine.reply_text(system, users[-1] if users else "", prefill=prefill)
         n_in = sum(len(_text(m).split()) for m in messages)
         n_out = len(text.split())
         with self.server.lock:
             self.server.requests += 1
-            self.server.authorizations.append(self.headers.get("Authorization", ""))
+            self.server.authorizations.append(auth)
         self._send(200, {
             "id": f"fake-{self.server.requests}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "fake"),
@@ -96,27 +109,38 @@ class _Server(http.server.ThreadingHTTPServer):
     engine: Any
     lock: threading.Lock
     requests: int
+    received: int
     refused: int
     fail_marker: str | None
+    refuse_every: int
+    reply: str | None
     authorizations: list[str]
 
 
 class FakeChatServer:
     """Start on a free 127.0.0.1 port; use as a context manager (or call ``close``)."""
 
-    def __init__(self, latency: float = 0.2, engine=None, *, fail_marker: str | None = None):
-        """``fail_marker``: a request whose messages contain it is refused with HTTP 400 (fault injection)."""
+    def __init__(self, latency: float = 0.2, engine=None, *, fail_marker: str | None = None, refuse_every: int = 0,
+                 reply: str | None = None):
+        """``fail_marker``: a request whose messages contain it is refused with HTTP 400 (fault injection).
+        ``refuse_every``: every N-th request (1: all) gets HTTP 401 with a body that quotes its Authorization
+        header. ``reply``: this text answers every request, instead of the engine's."""
         from trace_dspy.testing.fakes import ScriptedEngine
 
         if latency < 0:
             raise ValueError("latency must be >= 0")
+        if refuse_every < 0:
+            raise ValueError("refuse_every must be >= 0")
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.latency = latency
         self._server.engine = engine or ScriptedEngine()
         self._server.lock = threading.Lock()
         self._server.requests = 0
+        self._server.received = 0
         self._server.refused = 0
         self._server.fail_marker = fail_marker
+        self._server.refuse_every = refuse_every
+        self._server.reply = reply
         self._server.authorizations = []
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-chat-server", daemon=True)
         self._thread.start()
@@ -132,7 +156,7 @@ class FakeChatServer:
 
     @property
     def refused(self) -> int:
-        """Requests refused because they carried the fail marker."""
+        """Requests refused: those that carried the fail marker, and the 401s of ``refuse_every``."""
         return self._server.refused
 
     @property
