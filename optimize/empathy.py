@@ -164,7 +164,7 @@ class Head:
         try:
             meta, arrays = read_header_npz(path, ("mean", "scale", "weights", "bias"), limits=WEIGHT_LIMITS)
         except FileCheckError as exc:
-            if exc.reason == "is missing" and exc.path == str(path):
+            if exc.missing:
                 raise ScorerError(f"empathy scorer weights not found: {path} "
                                   "(refit: python -m trace_dspy.fit_empathy)") from None
             raise ScorerError(f"{exc.path}: damaged empathy scorer weights: {exc.reason}") from None

@@ -86,7 +86,7 @@ class RelevanceHead:
         try:
             meta, arrays = read_header_npz(path, ARRAYS, limits=WEIGHT_LIMITS)
         except FileCheckError as exc:
-            if exc.reason == "is missing" and exc.path == str(path):
+            if exc.missing:
                 raise RelevanceError(f"relevance head weights not found: {path} "
                                      "(refit: python -m trace_dspy.fit_relevance)") from None
             raise RelevanceError(f"{exc.path}: damaged relevance head weights: {exc.reason}") from None

@@ -35,10 +35,11 @@ MiB = 1024 * 1024
 
 
 class FileCheckError(ValueError):
-    """A file that may not or cannot be read; ``path`` and ``reason`` are set, the message is ``path: reason``."""
+    """A file that may not or cannot be read; ``path`` and ``reason`` are set, the message is ``path: reason``.
+    ``missing`` is true when the file does not exist at all (a caller may say "not found" instead)."""
 
-    def __init__(self, path: str | os.PathLike, reason: str):
-        self.path, self.reason = str(path), reason
+    def __init__(self, path: str | os.PathLike, reason: str, *, missing: bool = False):
+        self.path, self.reason, self.missing = str(path), reason, missing
         super().__init__(f"{path}: {reason}")
 
 
@@ -64,7 +65,7 @@ def check_file(path: str | os.PathLike, *, max_bytes: int, root: str | os.PathLi
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        raise FileCheckError(path, "is missing") from None
+        raise FileCheckError(path, "is missing", missing=True) from None
     except OSError as exc:
         raise FileCheckError(path, f"cannot be read ({exc.strerror or exc})") from None
     real = os.path.realpath(path)

@@ -150,7 +150,7 @@ class EmotionPrior:
             header, arrays = read_header_npz(path, ("idf", "weights", "bias"), limits=LIMITS, root=root)
             check_finite(path, arrays)
         except FileCheckError as exc:
-            if exc.reason == "is missing" and exc.path == str(path):
+            if exc.missing:
                 raise PriorError(f"emotion prior not found: {path}") from None
             raise PriorError(f"{exc.path}: damaged emotion prior: {exc.reason}") from None
         version = header.get("feature_version")
