@@ -20,6 +20,7 @@ import json
 import os
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 MAX_JSON_DEPTH = 64
@@ -159,16 +160,23 @@ def redact(text: str, extra_names: tuple[str, ...] = (), *, limit: int | None = 
     return shorten(text, limit) if limit is not None else text
 
 
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``), each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def redact_exception(exc: BaseException) -> BaseException:
     """Mask credentials in ``exc`` and the exceptions it was raised from, in place; returns ``exc``.
 
     Its message (``args`` and a ``message`` attribute, as HTTP clients keep one) is redacted but not
     shortened, so that whoever records the exception (a trace, a log, an error row) sees masked text.
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in exception_chain(exc):
         try:
             args = current.args
             masked = tuple(redact(a, limit=None) if isinstance(a, str) else a for a in args)
@@ -181,7 +189,6 @@ def redact_exception(exc: BaseException) -> BaseException:
                     current.message = cleaned
         except Exception:  # noqa: BLE001 - an exception type with read-only fields stays as it is
             pass
-        current = current.__cause__ or current.__context__
     return exc
 
 
@@ -197,7 +204,7 @@ def terminal_safe(text: str) -> str:
 
 
 __all__ = [
-    "JSONLimitError", "MAX_JSON_DEPTH", "MAX_MESSAGE_CHARS", "load_json", "redact", "redact_exception",
-    "register_secret_name", "register_secret_value", "register_url_credentials", "secret_values", "shorten",
-    "terminal_safe",
+    "JSONLimitError", "MAX_JSON_DEPTH", "MAX_MESSAGE_CHARS", "exception_chain", "load_json", "redact",
+    "redact_exception", "register_secret_name", "register_secret_value", "register_url_credentials", "secret_values",
+    "shorten", "terminal_safe",
 ]

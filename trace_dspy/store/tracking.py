@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.core.safety import redact
+from trace_dspy.core.safety import exception_chain, redact
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "trace-dspy"
@@ -189,14 +189,7 @@ def _sqlite_file(tracking_uri: str) -> Path | None:
 
 def is_lock_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it came from) is sqlite's "database is locked"."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if "database is locked" in str(current)[:2000]:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any("database is locked" in str(current)[:2000] for current in exception_chain(exc))
 
 
 def _locked_message(tracking_uri: str, waited: float, *, run_id: str | None = None) -> str:
