@@ -17,6 +17,7 @@ from trace_dspy.program import emotion_prior as ep
 from trace_dspy.program.emotion_prior import (
     EmotionPrior,
     PriorError,
+    TrainingSet,
     fit_prior,
     format_candidates,
 )
@@ -53,7 +54,7 @@ def corpus(n, seed):
 @pytest.fixture(scope="module")
 def prior():
     (tt, tl), (dt, dl) = corpus(240, 0), corpus(40, 1)
-    return fit_prior(tt, tl, dt, dl, fake_encode, data_fingerprint="sha256:test")
+    return fit_prior(TrainingSet.of(tt, tl), dt, dl, fake_encode, meta={"data_fingerprint": "sha256:test"})
 
 
 def test_the_fit_learns_and_records_its_dev_accuracy(prior):
@@ -68,7 +69,7 @@ def test_the_fit_learns_and_records_its_dev_accuracy(prior):
 def test_too_little_data_is_refused_by_name():
     texts, labels = corpus(50, 0)
     with pytest.raises(PriorError, match="at least 200"):
-        fit_prior(texts, labels, texts[:5], labels[:5], fake_encode)
+        fit_prior(TrainingSet.of(texts, labels), texts[:5], labels[:5], fake_encode)
 
 
 def test_the_prior_round_trips_without_pickle(prior, tmp_path):

@@ -287,6 +287,12 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0, help="seed for splits and sampling (default 0)")
 
 
+def add_situations_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--situations", metavar="CSV",
+                        help="labelled situation prompts the emotion prior also learns from (situation,emotion "
+                             "columns; default: $TRACE_DSPY_SITUATIONS, else none; 'none' ignores the variable)")
+
+
 def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tracking")
     group.add_argument("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db in the working dir)")

@@ -21,6 +21,7 @@ import sys
 from trace_dspy.cli.common import (
     add_data_args,
     add_model_args,
+    add_situations_arg,
     add_tracking_args,
     command_line,
     fail,
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "dialogue (default on; --no-trace keeps the run's metrics and writes no traces)")
     parser.add_argument("-v", "--verbose", action="store_true")
     add_data_args(parser)
+    add_situations_arg(parser)
     add_model_args(parser)
     add_tracking_args(parser)
     return parser
@@ -97,6 +99,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
         settings=settings,
         optimizer=OptimizerConfig.from_dict(opt_table),
         data=settings.data_source(args.data),
+        situations=args.situations,
         train=args.train if args.train is not None else data_table.get("train", 16),
         dev=args.dev if args.dev is not None else data_table.get("dev", 16),
         val=args.val if args.val is not None else data_table.get("val", 8),

@@ -1,12 +1,14 @@
 """Refit the emotion prior shipped with the package, or write one elsewhere.
 
-    python -m trace_dspy.fit_prior --data ../shared/data/empathetic_dialogues
+    python -m trace_dspy.fit_prior --data ../shared/data/empathetic_dialogues \
+        --situations ../shared/data/empathetic_dialogues_situations/train.csv
     python -m trace_dspy.fit_prior --data ../shared/data/empathetic_dialogues --output /tmp/prior.npz
 
-The prior is fitted on the training side of the data source's pool (never its test split); the L2
-strength is picked on the dev side. The shipped prior is then refitted on train and dev together
-(``--no-refit-on-dev`` keeps the train-only fit): the programs that use it are never evaluated on
-that dev side. See :mod:`trace_dspy.program.emotion_prior`.
+The prior is fitted on the training side of the data source's pool (never its test split) and on the
+situations file, when one is named (``--situations`` or ``$TRACE_DSPY_SITUATIONS``); C and the
+temperature are picked on the pool's dev side. The shipped prior is not refitted on that dev side
+(``--refit-on-dev`` does it for a prior of your own), so that a compile on ED can compare it fairly with
+the prior it fits. See :mod:`trace_dspy.program.emotion_prior`.
 """
 
 from __future__ import annotations
@@ -18,28 +20,36 @@ from trace_dspy.program.emotion_prior import SHIPPED, PriorError, fit_from_sourc
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Refit the shipped prior (or write one elsewhere) from an ED folder's pool."""
+    """Refit the shipped prior (or write one elsewhere) from a data source's pool and the situations."""
     import argparse
     import sys
 
+    from trace_dspy.cli.common import add_situations_arg
+    from trace_dspy.data.situations import resolve_situations
     from trace_dspy.data.sources import DataError, resolve_source
 
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.fit_prior",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="an ED folder (valid.csv, test.csv) or another data source")
+    add_situations_arg(parser)
     parser.add_argument("--seed", type=int, default=0, help="the train/dev split seed (default 0)")
     parser.add_argument("--output", type=Path, default=SHIPPED, help=f"where to write it (default {SHIPPED})")
-    parser.add_argument("--refit-on-dev", action=argparse.BooleanOptionalAction, default=True,
-                        help="after dev picks the L2 strength, refit on train and dev together (default on)")
+    parser.add_argument("--refit-on-dev", action=argparse.BooleanOptionalAction, default=False,
+                        help="after dev picks C, refit on train and dev together (default off)")
     args = parser.parse_args(argv)
     try:
+        situations = resolve_situations(args.situations)
         source = resolve_source(args.data, seed=args.seed)
-        prior = fit_from_source(source, seed=args.seed, refit_on_dev=args.refit_on_dev)
-    except (DataError, PriorError, FileNotFoundError) as exc:
+        prior = fit_from_source(source, situations=situations, seed=args.seed, refit_on_dev=args.refit_on_dev)
+        prior.save(args.output)
+    except (DataError, PriorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    prior.save(args.output)
-    print(json.dumps({"output": str(args.output), **prior.describe()}, indent=2))
+    except OSError as exc:
+        print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"output": str(args.output), "size_bytes": args.output.stat().st_size, **prior.describe()},
+                     indent=2))
     return 0
 
 

@@ -34,6 +34,8 @@ class CompileConfig:
     settings: Settings
     optimizer: OptimizerConfig
     data: str | None = None
+    # A situations CSV for the emotion prior (trace_dspy.data.situations); None: $TRACE_DSPY_SITUATIONS.
+    situations: str | None = None
     train: int = 16
     dev: int = 16
     # Selection set for optimizers that score candidates (select, mipro, gepa): drawn from the training side,
@@ -61,8 +63,8 @@ class CompileConfig:
             "lm": self.settings.lm.to_dict(),
             "metric": self.settings.raw.get("metric") or {},
             "optimizer": self.optimizer.settings(),
-            "data": {"source": self.data, "train": self.train, "dev": self.dev, "val": self.val,
-                     "seed": self.seed},
+            "data": {"source": self.data, "situations": self.situations, "train": self.train, "dev": self.dev,
+                     "val": self.val, "seed": self.seed},
             "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment, "trace": self.trace,
                     "registered_model": self.registered_model, "max_failure_rate": self.max_failure_rate},
         }
@@ -97,7 +99,10 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
     from trace_dspy.program.pipeline import TraceProgram
     from trace_dspy.store.artifacts import write_artifact
 
+    from trace_dspy.data.situations import resolve_situations
+
     started = time.perf_counter()
+    situations = resolve_situations(cfg.situations)  # a bad file stops the compile before any work
     splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
     source = splits.source
     val = selection_set(source, splits.train, cfg.val, seed=cfg.seed)
@@ -112,7 +117,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
         # Exemplars come from the whole training partition (never dev), not just the sampled train set.
         pool = load_splits(source, seed=cfg.seed).train
         retriever = cached_index(pool, retrieval, source.fingerprint)
-    prior, prior_record = _fit_prior(cfg, source)
+    prior, prior_record = _fit_prior(cfg, source, situations)
     program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever,
                            emotion_prior=prior)
     metric = build_metric(cfg.settings, lms)
@@ -165,7 +170,9 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
                 "metric": {"name": metric.name, "config": metric.config.to_dict(),
                            "similarity_kind": metric.similarity_kind},
                 "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
-                "data": {**source.describe(), "train_ids": [e.sample_id for e in splits.train],
+                "data": {**source.describe(),
+                         "situations": situations.describe() if situations is not None else None,
+                         "train_ids": [e.sample_id for e in splits.train],
                          "val_ids": [e.sample_id for e in val], "dev_ids": [e.sample_id for e in splits.dev]},
                 # The registry version is not known yet: MLflow records it (tag trace_dspy.registry_version).
                 "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
@@ -251,36 +258,19 @@ def selection_set(source, train: list, size: int, *, seed: int = 0) -> list:
     return [rest[i] for i in picked]
 
 
-def _fit_prior(cfg: CompileConfig, source):
-    """Fit the emotion prior on the training side of the pool; (None, why) when it cannot be."""
-    if cfg.settings.program.prior_k == 0:
-        return None, {"file": None, "reason": "prior_k = 0"}
-    from trace_dspy.program.emotion_prior import (
-        FILE_NAME,
-        MIN_TRAIN,
-        PriorError,
-        cached_prior,
-        shipped_prior,
-    )
+def _fit_prior(cfg: CompileConfig, source, situations):
+    """The emotion prior for this compile (see :mod:`trace_dspy.workflows.prior`) and its manifest record."""
+    from trace_dspy.program.emotion_prior import MIN_TRAIN, cached_prior_path
+    from trace_dspy.workflows.prior import choose_prior
 
-    if len(source.pool) < MIN_TRAIN:
-        reason = f"the pool has {len(source.pool)} samples, fewer than the {MIN_TRAIN} a prior needs"
-        shipped = shipped_prior()
-        if shipped is not None:
-            _log(f"emotion prior: {reason}; using the shipped one (fitted on the ED pool, "
-                 f"dev accuracy {shipped.meta['dev_accuracy']:.3f})")
-            return shipped, {"file": FILE_NAME, "source": "shipped", **shipped.describe()}
-        _log(f"emotion prior: not fitted ({reason}); the LM decides the emotion alone")
-        return None, {"file": None, "reason": reason}
-    _log(f"emotion prior: fitting on the training side of {len(source.pool)} pool samples")
-    try:
-        prior = cached_prior(source, seed=cfg.seed)  # deterministic: a refit would give the same arrays
-    except PriorError as exc:
-        _log(f"emotion prior: not fitted ({exc}); the LM decides the emotion alone")
-        return None, {"file": None, "reason": str(exc)}
-    _log(f"emotion prior: dev accuracy {prior.meta['dev_accuracy']:.3f} (group {prior.meta['dev_group_accuracy']:.3f}) "
-         f"in {prior.meta['fit_seconds']:.0f} s")
-    return prior, {"file": FILE_NAME, "source": "fitted", **prior.describe()}
+    if cfg.settings.program.prior_k != 0 and len(source.pool) >= MIN_TRAIN:
+        cached = cached_prior_path(source, situations=situations, seed=cfg.seed).is_file()
+        extra = f" and {len(situations)} situations" if situations is not None else ""
+        _log(f"emotion prior: {'reusing the cached fit' if cached else 'fitting'} on the training side of "
+             f"{len(source.pool)} pool samples{extra}")
+    choice = choose_prior(source, situations=situations, seed=cfg.seed, prior_k=cfg.settings.program.prior_k)
+    _log(choice.summary())
+    return choice.prior, choice.record()
 
 
 def _scalars(summary: dict[str, Any]) -> dict[str, Any]:

@@ -24,37 +24,33 @@ def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announ
 
 
 def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
-    """The emotion prior fitted on the training pool of ``data`` (cached by fingerprint), or None.
+    """The emotion prior the uncompiled program gets for ``data``: the better on dev of the one fitted on its
+    pool (plus the situations named by ``$TRACE_DSPY_SITUATIONS``) and the one shipped in the package; the
+    shipped one for a pool too small to fit on (the seed set). See :mod:`trace_dspy.workflows.prior`.
 
-    A pool too small to fit one (the seed set) gets the prior that ships in
-    the package (fitted on the ED pool). None, with a note on stderr, when the
-    prior is off or cannot be fitted (no ``embed`` extra); the emotion stage
-    then decides alone, and its ``emotion_path`` output says so.
+    None, with a note on stderr, when the prior is off or cannot be had; the emotion stage then decides
+    alone, and its ``emotion_path`` output says so. Fitting happens once per data set, then it is cached.
     """
-    if config.prior_k == 0:
-        return None
     import sys
 
+    from trace_dspy.data.situations import resolve_situations
     from trace_dspy.data.sources import DataSource, resolve_source
-    from trace_dspy.program.emotion_prior import (
-        MIN_TRAIN,
-        PriorError,
-        cached_prior,
-        cached_prior_path,
-        shipped_prior,
-    )
+    from trace_dspy.program.emotion_prior import MIN_TRAIN, cached_prior_path
+    from trace_dspy.workflows.prior import choose_prior
 
+    if config.prior_k == 0:
+        return None
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed, announce_seed=False)
-    if len(source.pool) < MIN_TRAIN:
-        return shipped_prior()
-    if not cached_prior_path(source, seed=seed).is_file():
+    situations = resolve_situations(None)
+    fresh = len(source.pool) >= MIN_TRAIN and not cached_prior_path(source, situations=situations,
+                                                                     seed=seed).is_file()
+    if fresh:
         print(f"emotion prior: fitting on the {len(source.pool)}-sample pool (once per data set, then cached)",
               file=sys.stderr)
-    try:
-        return cached_prior(source, seed=seed)
-    except PriorError as exc:
-        print(f"emotion prior: not used ({exc})", file=sys.stderr)
-        return None
+    choice = choose_prior(source, situations=situations, seed=seed, prior_k=config.prior_k)
+    if fresh or choice.prior is None:
+        print(choice.summary(), file=sys.stderr)
+    return choice.prior
 
 
 def default_reference() -> str:
