@@ -56,7 +56,7 @@ def read_situations(path: str | os.PathLike) -> Situations:
     texts: list[str] = []
     labels: list[str] = []
     with fh:
-        reader = csv.reader(fh)
+        reader = csv.reader(fh, strict=True)  # an unclosed quote is an error, not a field to the end
         try:
             header = next(reader)
         except StopIteration:

@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def words(text: str) -> list[str]:
 def terms(text: str, ngrams: int) -> list[str]:
     """The words of ``text`` and, for ``ngrams == 2``, its adjacent word pairs (``"lost job"``)."""
     w = words(text)
-    return w + [f"{a} {b}" for a, b in zip(w, w[1:])] if ngrams >= 2 else w
+    return w + [f"{a} {b}" for a, b in pairwise(w)] if ngrams >= 2 else w
 
 
 def prior_text(dialogue: str, feature_version: int = FEATURE_VERSION) -> str:
@@ -437,7 +438,17 @@ def cached_prior(source, *, situations=None, seed: int = 0, dev_fraction: float 
     return prior
 
 
-__all__ = ["EmotionPrior", "FILE_NAME", "FeatureSpec", "PriorError", "TrainingSet", "cached_prior",
-           "fit_from_source", "fit_prior", "format_candidates", "shipped_prior"]
+__all__ = [
+    "FILE_NAME",
+    "EmotionPrior",
+    "FeatureSpec",
+    "PriorError",
+    "TrainingSet",
+    "cached_prior",
+    "fit_from_source",
+    "fit_prior",
+    "format_candidates",
+    "shipped_prior",
+]
 
 

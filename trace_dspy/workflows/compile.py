@@ -95,11 +95,10 @@ def _log(message: str) -> None:
 
 
 def run_compile(cfg: CompileConfig) -> CompileResult:
+    from trace_dspy.data.situations import resolve_situations
     from trace_dspy.lm.specs import LMSet
     from trace_dspy.program.pipeline import TraceProgram
     from trace_dspy.store.artifacts import write_artifact
-
-    from trace_dspy.data.situations import resolve_situations
 
     started = time.perf_counter()
     situations = resolve_situations(cfg.situations)  # a bad file stops the compile before any work
@@ -312,10 +311,10 @@ def _traced_run(ctx):
 
 def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_rows: list, model_id: str) -> None:
     """Child runs ``dev before`` and ``dev after``: MLflow evaluation runs over the dev traces."""
+    import mlflow
+
     from trace_dspy.store.evaluations import log_evaluation
     from trace_dspy.store.tracking import mlflow_run
-
-    import mlflow
 
     dataset = {**source.describe(), "split": "dev", "view": "longest", "seed": cfg.seed}
     mlflow.flush_trace_async_logging()  # once for both (each flush waits on the writer's one-second poll)

@@ -62,7 +62,13 @@ def default_reference() -> str:
     program it started from is saved (it is ``trace-dspy@latest``) but not
     run by default, and it does not become ``champion``.
     """
-    from trace_dspy.store.artifacts import DEFAULT_NAME, ArtifactError, read_manifest, search_roots, version_dir
+    from trace_dspy.store.artifacts import (
+        DEFAULT_NAME,
+        ArtifactError,
+        read_manifest,
+        search_roots,
+        version_dir,
+    )
     from trace_dspy.store.artifacts import versions as list_versions
 
     roots = search_roots()

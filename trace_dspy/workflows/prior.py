@@ -83,7 +83,12 @@ def _shipped_dev_accuracy(shipped, source, seed: int, texts, labels) -> float:
 def choose_prior(source, *, situations=None, seed: int = 0, prior_k: Any = "auto") -> PriorChoice:
     """The better of the prior fitted on ``source`` (and ``situations``) and the shipped one, on dev."""
     from trace_dspy.data.sources import partition_by_conversation, select_view
-    from trace_dspy.program.emotion_prior import MIN_TRAIN, PriorError, cached_prior, shipped_prior
+    from trace_dspy.program.emotion_prior import (
+        MIN_TRAIN,
+        PriorError,
+        cached_prior,
+        shipped_prior,
+    )
 
     if prior_k == 0:
         return PriorChoice(None, "none", "prior_k = 0")
