@@ -2,10 +2,14 @@
 
     python -m trace_dspy.evaluate --program default --split test --limit 100
     python -m trace_dspy.evaluate --program artifacts/trace-dspy/v0001 --view cem --limit 500
+    python -m trace_dspy.evaluate --program default --stage emotion --limit 0
 
 Prints a table, writes per-example rows (``examples.jsonl``) and a summary
 (``summary.json``) to ``--output-dir``, and logs an MLflow run. Rerunning the
 same command resumes an interrupted run from its rows; ``--fresh`` starts over.
+``--stage emotion`` runs only the emotion prior and ``recognize_emotion``
+(trace_dspy.workflows.emotion_eval): label and group accuracy, the prior's
+top-3, macro-F1, and ``confusion.png`` beside the rows.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "bootstrap CIs against the first, one MLflow evaluation run each)")
     parser.add_argument("--no-trace", action="store_true",
                         help="do not record one MLflow trace per dialogue (on by default; off with --no-mlflow)")
+    parser.add_argument("--stage", choices=("full", "emotion"), default="full",
+                        help="full: every stage, every reply scored (the default); emotion: only the emotion prior "
+                             "and recognize_emotion against the gold labels (accuracy, Ekman group accuracy, the "
+                             "prior's top-3, macro-F1, a per-label table and confusion.png); --limit 0 = all items")
     parser.add_argument("--split", choices=("test", "dev"), default="test")
     parser.add_argument("--view", choices=("trace", "cem"), default="trace", help="test view (default trace)")
     parser.add_argument("--limit", type=int, default=100, help="number of examples, seeded sample (default 100)")
@@ -96,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
+    if args.stage == "emotion":
+        return run_emotion_stage(args, argv)
     programs = args.program or ["default"]
     if args.limit is not None and args.limit < 1:
         return fail("--limit must be at least 1")
@@ -206,6 +216,49 @@ def _evaluate_one(args, argv, ref: str, loaded, metric, source, examples, parts:
                 print(f"mlflow evaluation run {run.info.run_id}")
                 mlflow_runs[ref] = (run.info.experiment_id, run.info.run_id)
     atomic_write_json(out_dir / "summary.json", record)
+    return 0
+
+
+def run_emotion_stage(args, argv: list[str]) -> int:
+    """--stage emotion: the emotion part of one program against the gold labels (workflows.emotion_eval)."""
+    from trace_dspy.core.jsonl import ForeignFileError
+    from trace_dspy.workflows.emotion_eval import (
+        HEADLINE_KEYS,
+        ROWS_FILE,
+        prepare_emotion_eval,
+        run_emotion_eval,
+    )
+
+    programs = args.program or ["default"]
+    if len(programs) > 1 or args.ablation:
+        return fail("--stage emotion evaluates one --program, without --ablation")
+    if args.limit < 0:
+        return fail("--limit must be 0 (every item) or more")
+    try:
+        settings = settings_from_args(args)
+        setup = prepare_emotion_eval(programs[0], settings, data=args.data, split=args.split, view=args.view,
+                                     limit=args.limit or None, seed=args.seed)
+    except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
+        return fail(str(exc))
+    out_dir = args.output_dir or Path("runs/evaluate") / f"{run_key(setup.key())}-emotion"
+    print(f"emotion stage of {programs[0]} on {len(setup.items)} {args.split} items ({setup.source.kind}: "
+          f"{setup.source.location}); rows in {out_dir / ROWS_FILE}", file=sys.stderr)
+    try:
+        result = run_emotion_eval(setup, out_dir=out_dir, threads=args.threads, fresh=args.fresh,
+                                  command=command_line("evaluate", argv), mlflow=not args.no_mlflow,
+                                  tracking_uri=args.tracking_uri, experiment=args.experiment)
+    except ForeignFileError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; finished rows are in {out_dir / ROWS_FILE}. Rerun the same command to resume.",
+              file=sys.stderr)
+        return 130
+    summary = result.summary
+    print(format_table({programs[0]: summary}, HEADLINE_KEYS))
+    print(f"emotion path: {summary['emotion_path']}; lm: {summary['lm']}; {summary['seconds']:.1f} s")
+    print(f"rows: {result.rows_path}; summary: {result.summary_path}; confusion matrix: {result.confusion_path}")
+    if result.mlflow_run_id:
+        print(f"mlflow evaluation run {result.mlflow_run_id}")
     return 0
 
 

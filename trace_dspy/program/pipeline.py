@@ -258,6 +258,31 @@ class TraceProgram(dspy.Module):
             return [], path
         return self.emotion_prior.candidates(dialogue, self.prior_k(lm), self._encoder()), path
 
+    def prior_candidates(self, dialogue, k: int) -> list[tuple[str, float]] | None:
+        """The fitted prior's ``k`` most likely labels for ``dialogue``, with their probabilities, whatever the
+        LM and ``prior_k``; None without a usable prior (none attached, or its encoder cannot load)."""
+        if self.emotion_prior is None:
+            return None
+        try:
+            encoder = self._encoder()
+        except Exception:  # noqa: BLE001 - PriorError: the embed extra is missing (emotion_path says so)
+            return None
+        return self.emotion_prior.candidates(normalize_dialogue(dialogue), k, encoder)
+
+    def recognize(self, dialogue) -> dspy.Prediction:
+        """Only the emotion part of ``forward``: the prior's candidates and the ``recognize_emotion`` stage, run
+        by the same code as in ``forward``; no later stage runs.
+
+        Returns emotion, emotion_group, emotion_path and emotion_candidates (empty when the prior offered
+        none). Where the prior decides (one candidate on a grammar-constrained LM), no LM call is made.
+        """
+        with spans.span("trace_dspy emotion", inputs={"dialogue": dialogue}) as root:
+            state, outputs = self._recognize(dialogue, None)
+            outputs.setdefault("emotion_candidates", "")
+            outputs["emotion_group"] = ekman_group(outputs["emotion"])
+            root.set_outputs({k: outputs[k] for k in ("emotion", "emotion_group", "emotion_path")})
+        return dspy.Prediction(dialogue=state["dialogue"], **outputs)
+
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
         with spans.span("trace_dspy", inputs={"dialogue": dialogue}) as root:
             pred = self._forward(dialogue, exemplars)
@@ -266,6 +291,20 @@ class TraceProgram(dspy.Module):
         return pred
 
     def _forward(self, dialogue, exemplars: Sequence[str] | None) -> dspy.Prediction:
+        state, outputs = self._recognize(dialogue, exemplars)
+        retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
+        pipeline = [s for s in self.config.pipeline() if s != "reflect"]
+        self._run_stages([s for s in pipeline if s != "recognize_emotion"], state, outputs, retrieve)
+        if self.config.reflection:
+            outputs["audits"] = self._reflect(pipeline, state, outputs)
+        if "reply_rewards" in state:
+            outputs["reply_rewards"] = state["reply_rewards"]
+        outputs["emotion_group"] = ekman_group(outputs["emotion"])
+        return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
+
+    def _recognize(self, dialogue, exemplars: Sequence[str] | None) -> tuple[dict, dict]:
+        """The pipeline's start, shared by ``forward`` and ``recognize``: the prior's candidates (its span),
+        then the ``recognize_emotion`` stage. Returns the pipeline state and the outputs so far."""
         state: dict = {"dialogue": normalize_dialogue(dialogue), "exemplars": list(exemplars or []),
                        "revision_note": ""}
         outputs: dict = {}
@@ -281,15 +320,8 @@ class TraceProgram(dspy.Module):
             sp.set_outputs({"candidates": state["emotion_candidates"], "path": outputs["emotion_path"]})
         if state["emotion_candidates"]:
             outputs["emotion_candidates"] = state["emotion_candidates"]
-        retrieve = exemplars is None and self.retriever is not None and self.config.retrieval.enabled
-        pipeline = [s for s in self.config.pipeline() if s != "reflect"]
-        self._run_stages(pipeline, state, outputs, retrieve)
-        if self.config.reflection:
-            outputs["audits"] = self._reflect(pipeline, state, outputs)
-        if "reply_rewards" in state:
-            outputs["reply_rewards"] = state["reply_rewards"]
-        outputs["emotion_group"] = ekman_group(outputs["emotion"])
-        return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
+        self._run_stages(["recognize_emotion"], state, outputs, retrieve=False)  # retrieval waits for the plan
+        return state, outputs
 
     def _run_stages(self, stages: Sequence[str], state: dict, outputs: dict, retrieve: bool) -> None:
         for stage in stages:

@@ -272,6 +272,20 @@ def log_params(params: Mapping[str, Any]) -> None:
         mlflow.log_params(dict(items[i:i + 90]))
 
 
+def log_metrics(metrics: Mapping[str, float]) -> None:
+    """Log numbers (e.g. :func:`numeric_metrics`) to the active run."""
+    import mlflow
+
+    mlflow.log_metrics(dict(metrics))
+
+
+def log_artifacts(folder: str | os.PathLike, artifact_path: str | None = None) -> None:
+    """Log every file in ``folder`` to the active run, under ``artifact_path``."""
+    import mlflow
+
+    mlflow.log_artifacts(str(folder), artifact_path=artifact_path)
+
+
 def numeric_metrics(summary: Mapping[str, Any], prefix: str) -> dict[str, float]:
     """The plain numbers of a summary, as ``prefix/name`` metrics."""
     out = {}
