@@ -616,14 +616,15 @@ PUBLISHED_EMOTION = {"CEM (Sabour et al., 2022)": 0.391, "CASE (Zhou et al., 202
 
 
 def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 3), seed: int = 0,
-                    cost_items: int = 100, on_item=None, prior_kind: str = "fitted") -> dict[str, Any]:
+                    cost_items: int = 100, on_item=None, prior_kind: str = "fitted",
+                    situations=None) -> dict[str, Any]:
     """Emotion accuracy on the TRACE-view test set: the majority label, the fitted prior alone
     on every item, and the stage (``recognize_emotion`` on ``lm``) with the prior's top ``k``
     on ``limit`` seeded items (k = 0: the LM alone); plus the prior's milliseconds per dialogue.
 
     ``prior_kind``: ``fitted`` fits one on the source's training side (what ``compile`` on that
     source does); ``shipped`` uses the prior packaged with trace-dspy (what programs compiled on
-    the seed set use)."""
+    the seed set use); ``situations`` (a ``data.situations.Situations``) join a fitted prior's training set."""
     import random
 
     from trace_dspy.core.config import ProgramConfig
@@ -644,7 +645,7 @@ def measure_emotion(source, lm, *, limit: int = 300, ks: Sequence[int] = (0, 2, 
         if prior is None:
             raise PriorError("this installation has no shipped prior")
     elif prior_kind == "fitted":
-        prior = cached_prior(source, seed=seed)
+        prior = cached_prior(source, situations=situations, seed=seed)
     else:
         raise ValueError(f"prior_kind must be 'fitted' or 'shipped', not {prior_kind!r}")
     encode = default_encoder()

@@ -63,7 +63,7 @@ from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.store.tracking import logged_or_warned
 from trace_dspy.workflows.settings import Settings
 
-SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion", "scale")
+SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion", "prior", "scale")
 
 
 def _int_list(text: str) -> list[int]:
@@ -93,7 +93,7 @@ def _names(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trace_dspy.cli.common import add_data_args, add_model_args, add_tracking_args
+    from trace_dspy.cli.common import add_data_args, add_model_args, add_situations_arg, add_tracking_args
 
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                             ("compile", "wall time and LM calls of the default compile, cold then warm cache"),
                             ("scorer", "milliseconds per example of the empathy metric, embeddings cold then cached"),
                             ("emotion", "emotion accuracy: majority, the fitted prior, the stage with and without it"),
+                            ("prior", "the emotion prior's variants and the shipped prior on dev and all test items"),
                             ("scale", "the plain batch against Spark local mode, same items, latency-bound fake LM")):
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "embedded":
@@ -147,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--prior", choices=("fitted", "shipped"), default="fitted",
                            help="fitted: fit one on the source's training side, as compile does (default); "
                                 "shipped: the prior packaged with trace-dspy, as seed-set programs use")
+            add_situations_arg(p)
+        elif name == "prior":
+            add_situations_arg(p)
         elif name == "scorer":
             p.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
         elif name == "scale":
@@ -199,6 +203,7 @@ def _examples_and_program(args, settings: Settings, limit: int):
 def main(argv: list[str] | None = None) -> int:
     from trace_dspy.cli.common import settings_from_args, setup_logging
     from trace_dspy.core.config import ConfigError
+    from trace_dspy.data.situations import resolve_situations
     from trace_dspy.data.sources import DataError
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -243,10 +248,22 @@ def main(argv: list[str] | None = None) -> int:
             source = resolve_source(settings.data_source(args.data), seed=args.seed)
             lms = LMSet(settings.lm)
             lm = lms.stage_lms().get("recognize_emotion") or lms.default
+            situations = resolve_situations(args.situations)
             with progress(desc="emotion stage", total=args.limit * len(args.k)) as bar:
                 result = measure_emotion(source, lm, limit=args.limit, ks=args.k, seed=args.seed,
-                                         on_item=lambda *_: bar.update(1), prior_kind=args.prior)
+                                         on_item=lambda *_: bar.update(1), prior_kind=args.prior,
+                                         situations=situations)
             return _finish(args, argv, "emotion", result, emotion_markdown(result))
+        if args.command == "prior":
+            from trace_dspy.bench.prior_variants import measure_prior_variants, prior_variants_markdown
+            from trace_dspy.data.sources import resolve_source
+
+            source = resolve_source(settings.data_source(args.data), seed=args.seed)
+            result = measure_prior_variants(source, resolve_situations(args.situations), seed=args.seed,
+                                            on_variant=lambda r: print(f"{r['name']}: dev {r['dev']['accuracy']:.3f}, "
+                                                                       f"test {r['test']['accuracy']:.3f}",
+                                                                       file=sys.stderr))
+            return _finish(args, argv, "prior", result, prior_variants_markdown(result))
         if args.command == "scale":
             if args.items < 1 or args.latency < 0 or min(args.threads + args.task_threads) < 1:
                 return fail("--items, --threads and --task-threads must be at least 1, and --latency >= 0")

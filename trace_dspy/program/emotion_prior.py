@@ -305,7 +305,7 @@ def _calibrate(logits: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def fit_prior(train: TrainingSet, dev_texts: Sequence[str], dev_labels: Sequence[str], encode: Encoder, *,
               meta: dict[str, Any] | None = None, c_grid: Sequence[float] = C_GRID, spec: FeatureSpec = SPEC,
-              refit_on_dev: bool = False) -> EmotionPrior:
+              min_df: int = MIN_DF, refit_on_dev: bool = False) -> EmotionPrior:
     """Fit on ``train``, keep the C best on dev, and calibrate a temperature on dev.
 
     ``refit_on_dev``: once dev has chosen C and the temperature, fit again on train and dev together (the
@@ -326,7 +326,7 @@ def fit_prior(train: TrainingSet, dev_texts: Sequence[str], dev_labels: Sequence
     started = time.perf_counter()
     labels = tuple(e for e in EMOTIONS if e in set(train.labels))
     df = Counter(t for text in train.texts for t in set(terms(text, spec.ngrams)))
-    vocab = tuple(sorted(t for t, c in df.items() if c >= MIN_DF))
+    vocab = tuple(sorted(t for t, c in df.items() if c >= min_df))
     n = len(train.texts)
     idf = (np.log((1 + n) / (1 + np.array([df[t] for t in vocab], dtype=np.float64))) + 1).astype(np.float32)
     header = {"feature_version": FEATURE_VERSION, "features": asdict(spec)}
