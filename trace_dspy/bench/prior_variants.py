@@ -125,9 +125,9 @@ def prior_variants_markdown(result: dict[str, Any]) -> str:
     lines = ["32-class / 6-group accuracy.", "", markdown_table(head, rows)]
     if "shipped" in result:
         t = result["shipped"]["test"]
-        lines += ["", f"Calibration of the shipped prior on the TRACE-view test items: mean negative log-likelihood "
-                      f"{t['nll']:.3f} with its temperature ({result['shipped']['prior'].get('temperature')}), "
-                      f"{t['nll_uncalibrated']:.3f} without."]
+        lines += ["", (f"Calibration of the shipped prior on the TRACE-view test items: mean negative "
+                       f"log-likelihood {t['nll']:.3f} with its temperature "
+                       f"({result['shipped']['prior'].get('temperature')}), {t['nll_uncalibrated']:.3f} without.")]
     return "\n".join(lines)
 
 
