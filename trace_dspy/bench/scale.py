@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core import env as env_vars
 from trace_dspy.core.tables import markdown_table
 
-KEY_VAR = "TRACE_DSPY_SCALE_FAKE_KEY"
+KEY_VAR = env_vars.SCALE_FAKE_KEY
 
 
 def _artifact(root: Path) -> Path:
@@ -70,7 +71,7 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
             # The thread count travels in the executor environment, which is fixed when a session
             # starts: one session per value, each timed from its start.
             started = time.perf_counter()
-            spark = spark_session(master, executor_env={**env, "TRACE_DSPY_THREADS": str(n)})
+            spark = spark_session(master, executor_env={**env, env_vars.THREADS: str(n)})
             session_s = time.perf_counter() - started
             slots = partitions or spark.sparkContext.defaultParallelism
             try:

@@ -353,11 +353,10 @@ def _quality(args, argv, settings: Settings) -> int:
 
 
 def _compile(args, argv, settings: Settings) -> int:
-    from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig
+    from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER
     from trace_dspy.workflows.compile import CompileConfig
 
-    optimizer = OptimizerConfig.from_dict({**(settings.raw.get("optimizer") or {}),
-                                           "name": args.optimizer or DEFAULT_OPTIMIZER})
+    optimizer = settings.optimizer(name=args.optimizer or DEFAULT_OPTIMIZER)
     with tempfile.TemporaryDirectory(prefix="trace-bench-compile-") as tmp:
         def make_config(run: str) -> CompileConfig:
             return CompileConfig(settings=settings, optimizer=optimizer, data=settings.data_source(args.data),

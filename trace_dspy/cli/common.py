@@ -9,13 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.core.config import ConfigError, ProgramConfig, read_toml
+from trace_dspy.core.config import ConfigError, ProgramConfig, check_tables, read_toml
 from trace_dspy.core.stages import REGISTRY
 from trace_dspy.lm.specs import LMConfig, offline_litellm
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.settings import Settings
 
-KNOWN_TABLES = {"program", "lm", "data", "metric", "optimizer", "tracing"}
 
 
 
@@ -42,15 +41,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     raw: dict[str, Any] = read_toml(args.config) if getattr(args, "config", None) else {}
-    unknown = set(raw) - KNOWN_TABLES
-    if unknown:
-        raise ConfigError(f"{args.config}: unknown table(s) {', '.join(sorted(unknown))}")
-    bad_data = set(raw.get("data") or {}) - {"source", "train", "dev", "val"}
-    if bad_data:
-        raise ConfigError(f"[data] unknown keys: {', '.join(sorted(bad_data))}; use source, train, dev, val")
-    tracing = raw.get("tracing") or {}
-    if set(tracing) - {"enabled"} or not isinstance(tracing.get("enabled", False), bool):
-        raise ConfigError("[tracing] takes one key, enabled = true or false")
+    check_tables(raw, getattr(args, "config", None))  # before [program] and [lm], so that their errors come after
     program = ProgramConfig.from_dict(raw.get("program"))
     lm = LMConfig.from_dict(raw.get("lm")).with_overrides(
         lm=args.lm, api_base=args.api_base, api_key_env=args.api_key_env,
@@ -75,7 +66,7 @@ def add_trace_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def trace_requested(args: argparse.Namespace, settings: Settings) -> bool:
-    return bool(getattr(args, "trace", False)) or bool((settings.raw.get("tracing") or {}).get("enabled"))
+    return bool(getattr(args, "trace", False)) or settings.tracing.enabled
 
 
 def enter_tracing(stack: contextlib.ExitStack, args: argparse.Namespace, settings: Settings) -> int | None:

@@ -31,7 +31,7 @@ from trace_dspy.cli.common import (
 )
 from trace_dspy.core.config import ConfigError
 from trace_dspy.data.sources import DataError
-from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig
+from trace_dspy.optimize.optimizers import OPTIMIZERS
 from trace_dspy.workflows.compile import CompileConfig, CompileFailed, _log, run_compile
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 
@@ -85,24 +85,20 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     """Flags win over the TOML file ([optimizer] and [data] tables), which win over defaults."""
     args = build_parser().parse_args(argv)
     settings = settings_from_args(args)
-    opt_table = dict(settings.raw.get("optimizer") or {})
-    data_table = dict(settings.raw.get("data") or {})
-    for key in ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
-                "mipro_candidates", "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps",
-                "simba_candidates", "simba_bsize", "opener_items", "plan_items"):
-        if getattr(args, key) is not None:
-            opt_table[key] = getattr(args, key)
-    if args.optimizer:
-        opt_table["name"] = args.optimizer
-    opt_table.setdefault("seed", args.seed)
+    flags = {key: getattr(args, key) for key in (
+        "max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
+        "mipro_candidates", "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps",
+        "simba_candidates", "simba_bsize", "opener_items", "plan_items")}
+    optimizer = settings.optimizer(**flags, name=args.optimizer or None,
+                                   seed=(settings.raw.get("optimizer") or {}).get("seed", args.seed))
     cfg = CompileConfig(
         settings=settings,
-        optimizer=OptimizerConfig.from_dict(opt_table),
+        optimizer=optimizer,
         data=settings.data_source(args.data),
         situations=args.situations,
-        train=args.train if args.train is not None else data_table.get("train", 16),
-        dev=args.dev if args.dev is not None else data_table.get("dev", 16),
-        val=args.val if args.val is not None else data_table.get("val", 8),
+        train=args.train if args.train is not None else settings.data.train,
+        dev=args.dev if args.dev is not None else settings.data.dev,
+        val=args.val if args.val is not None else settings.data.val,
         seed=args.seed,
         name=args.name or "trace-dspy",
         artifacts_dir=args.artifacts_dir,

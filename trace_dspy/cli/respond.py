@@ -37,6 +37,7 @@ from trace_dspy.cli.common import (
     settings_from_args,
     setup_logging,
 )
+from trace_dspy.core import env as env_vars
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
 from trace_dspy.core.safety import terminal_safe
@@ -217,9 +218,9 @@ def _run_spark(args: argparse.Namespace) -> int:
     mlflow.set_tracking_uri(resolve_tracking_uri(None))
     env = lm_environment(settings.lm) if settings.lm_explicit else {}
     if settings.trust_artifact_lm:
-        env["TRACE_DSPY_TRUST_ARTIFACT_LM"] = "1"
+        env[env_vars.TRUST_ARTIFACT_LM] = "1"
     if args.threads > 1:
-        env["TRACE_DSPY_THREADS"] = str(args.threads)  # per Spark task, remote LMs only
+        env[env_vars.THREADS] = str(args.threads)  # per Spark task, remote LMs only
     with temporary_workdir() as workdir:
         try:
             uri = model_uri_for(args.program, workdir=Path(workdir))

@@ -3,7 +3,8 @@
 ``ProgramConfig`` decides the program's structure: which stages run and which
 of them reason step by step. It is plain data: it round-trips through a dict
 (for manifests and MLflow params) and through the ``[program]`` table of a
-TOML config file.
+TOML config file. ``DataConfig`` and ``TracingConfig`` are the ``[data]`` and
+``[tracing]`` tables; trace_dspy.workflows.settings gathers every table.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ AUTO_BEST_OF = 4
 # grammar-constrained small model gets 1 candidate (and is not asked: it could only repeat it); other LMs
 # get 5 as a hint.
 AUTO_PRIOR_K = {"constrained": 1, "other": 5}
+
+
+# The tables a config file may hold: [program] (with its retrieval), [data] and [tracing] are read here, [lm] by
+# trace_dspy.lm.specs, [metric] by trace_dspy.optimize.metric and [optimizer] by trace_dspy.optimize.optimizers.
+TABLES = ("program", "lm", "data", "metric", "optimizer", "tracing")
 
 
 class ConfigError(ValueError):
@@ -57,6 +63,42 @@ class RetrievalConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> RetrievalConfig:
         return from_table(cls, data, "retrieval")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The ``[data]`` table: the data source and how many examples each split of a compile takes.
+
+    ``--data`` wins over ``source``, which wins over ``$TRACE_DSPY_DATA`` (see trace_dspy.data.sources);
+    ``--train``, ``--dev`` and ``--val`` win over the sizes.
+    """
+
+    source: str | None = None
+    train: int = 16
+    dev: int = 16
+    # Selection examples for optimizers that score candidates, drawn from the training side apart from train.
+    val: int = 8
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> DataConfig:
+        unknown = set(data or {}) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"[data] unknown keys: {', '.join(sorted(unknown))}; use source, train, dev, val")
+        return cls(**(data or {}))
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """The ``[tracing]`` table: ``enabled = true`` records each answer as an MLflow trace, as ``--trace`` does."""
+
+    enabled: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> TracingConfig:
+        data = data or {}
+        if set(data) - {"enabled"} or not isinstance(data.get("enabled", False), bool):
+            raise ConfigError("[tracing] takes one key, enabled = true or false")
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -209,6 +251,14 @@ def from_table(cls, data: dict[str, Any] | None, table: str):
     return cls(**data)
 
 
+def check_tables(raw: dict[str, Any], path: str | Path | None = None) -> tuple[DataConfig, TracingConfig]:
+    """Refuse unknown tables in a config file's ``raw`` tables; the ``[data]`` and ``[tracing]`` tables, typed."""
+    unknown = set(raw) - set(TABLES)
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}")
+    return DataConfig.from_dict(raw.get("data")), TracingConfig.from_dict(raw.get("tracing"))
+
+
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file, with errors that name the file."""
     path = Path(path)
@@ -225,4 +275,5 @@ def program_config_from_toml(path: str | Path) -> ProgramConfig:
     return ProgramConfig.from_dict(read_toml(path).get("program"))
 
 
-__all__ = ["ConfigError", "OPTIONAL_STAGES", "ProgramConfig", "STAGES", "program_config_from_toml", "read_toml"]
+__all__ = ["ConfigError", "DataConfig", "OPTIONAL_STAGES", "ProgramConfig", "RetrievalConfig", "STAGES", "TABLES",
+           "TracingConfig", "check_tables", "program_config_from_toml", "read_toml"]

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trace_dspy.core import env
 from trace_dspy.core.labels import STRATEGIES
 
-ENV_VAR = "TRACE_DSPY_EPITOME"
+ENV_VAR = env.EPITOME
 # EPITOME's mechanisms are TRACE's strategies, in the same order.
 MECHANISMS = STRATEGIES
 FILES = {
@@ -64,7 +65,7 @@ class Epitome:
 
 
 def resolve_folder(path: str | os.PathLike | None = None) -> Path:
-    raw = path if path is not None else os.environ.get(ENV_VAR)
+    raw = path if path is not None else env.value(env.EPITOME)
     if not raw:
         raise EpitomeError(f"no EPITOME folder given: pass --epitome PATH or set {ENV_VAR} to the folder that "
                            f"holds {', '.join(FILES.values())}")

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError, RetrievalConfig
 from trace_dspy.core.dialogue import SPEAKER, exemplar_reply, format_exemplar, parse_dialogue
 from trace_dspy.core.labels import EMOTION_TO_GROUP
@@ -273,8 +274,7 @@ class ExemplarIndex:
 
 
 def index_cache_dir() -> Path:
-    base = os.environ.get("TRACE_DSPY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trace-dspy")
-    return Path(base) / "index"
+    return env.cache_dir("index")
 
 
 def cached_index(examples: Sequence[Any], config: RetrievalConfig, data_fingerprint: str) -> ExemplarIndex:

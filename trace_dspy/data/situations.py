@@ -20,10 +20,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trace_dspy.core import env
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.data.sources import DataError, _fingerprint
 
-SITUATIONS_ENV = "TRACE_DSPY_SITUATIONS"
+SITUATIONS_ENV = env.SITUATIONS
 NONE = "none"
 COLUMNS = ("situation", "emotion")
 
@@ -96,7 +97,7 @@ def resolve_situations(flag: str | os.PathLike | None = None) -> Situations | No
 
     ``flag == "none"`` ignores the environment variable.
     """
-    choice = str(flag) if flag is not None else os.environ.get(SITUATIONS_ENV, "").strip()
+    choice = str(flag) if flag is not None else env.text(env.SITUATIONS)
     if not choice or choice.lower() == NONE:
         return None
     return read_situations(choice)

@@ -43,17 +43,18 @@ from pathlib import Path
 
 import dspy
 
+from trace_dspy.core import env
 from trace_dspy.core.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.core.safety import JSONLimitError, load_json
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "TRACE_DSPY_DATA"
+ENV_VAR = env.DATA
 HUB_PREFIX = "hf:"
 VIEWS = ("trace", "cem", "longest")
 SEED_BANNER = (
-    "NOTE: no data configured (--data or TRACE_DSPY_DATA), so the built-in SEED SET of 96 "
+    f"NOTE: no data configured (--data or {env.DATA}), so the built-in SEED SET of 96 "
     "hand-written dialogues is in use. Scores on it are for smoke tests only; point at "
     "EmpatheticDialogues for real numbers."
 )
@@ -61,7 +62,7 @@ SEED_BANNER = (
 FILE_TEST_FRACTION = 0.25
 _CSV_COLUMNS = ("dialogue_id", "turns", "text", "dialogue_emotion")
 _OFFLINE_HINT = (
-    "To work offline, point --data (or the environment variable TRACE_DSPY_DATA) at local files: "
+    f"To work offline, point --data (or the environment variable {env.DATA}) at local files: "
     "a directory with the preprocessed EmpatheticDialogues valid.csv and test.csv, "
     "a directory with valid.jsonl and test.jsonl, or one JSONL file (format in README.md, 'Data')."
 )
@@ -136,7 +137,7 @@ def resolve_source(data: str | os.PathLike | None = None, *, seed: int = 0, anno
     Falling back to the seed set is announced loudly unless ``announce_seed`` is
     False (e.g. when it only supplies retrieval exemplars for a single reply).
     """
-    spec = os.fspath(data) if data is not None else os.environ.get(ENV_VAR) or None
+    spec = os.fspath(data) if data is not None else env.value(env.DATA)
     if spec is None:
         (log.warning if announce_seed else log.info)(SEED_BANNER)
         return _load_single_jsonl_source(_seed_path(), kind="seed", seed=seed)

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from trace_dspy.core import env
 from trace_dspy.core.dialogue import speaker_text
 from trace_dspy.core.files import ArrayLimits, MiB
 from trace_dspy.core.labels import EMOTIONS, ekman_group
@@ -414,8 +415,7 @@ def default_encoder() -> Encoder:
 
 
 def prior_cache_dir() -> Path:
-    base = os.environ.get("TRACE_DSPY_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trace-dspy")
-    return Path(base) / "emotion-prior"
+    return env.cache_dir("emotion-prior")
 
 
 def cached_prior_path(source, *, situations=None, seed: int = 0, dev_fraction: float = 0.2) -> Path:

@@ -28,12 +28,13 @@ from typing import Any
 
 import dspy
 
+from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError, ProgramConfig
 from trace_dspy.lm.specs import LMConfig, LMSet
 from trace_dspy.store.errors import ArtifactError
 
 SCHEMA_VERSION = 1
-ENV_ROOT = "TRACE_DSPY_ARTIFACTS"
+ENV_ROOT = env.ARTIFACTS
 DEFAULT_NAME = "trace-dspy"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")

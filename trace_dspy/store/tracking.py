@@ -16,6 +16,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core import env
 from trace_dspy.core.safety import exception_chain, redact
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -157,7 +158,7 @@ def mlflow_run(*, tracking_uri: str | None, experiment: str, run_name: str, tags
 
 # ---------------------------------------------------------------- a store locked by another process
 
-ENV_STORE_WAIT = "TRACE_DSPY_STORE_WAIT"
+ENV_STORE_WAIT = env.STORE_WAIT
 # MLflow's own sqlite sessions wait 20 s for a lock; the check before a run waits as long by default.
 DEFAULT_STORE_WAIT = 20.0
 _SAVED: ContextVar[str | None] = ContextVar("trace_dspy_saved_before_logging", default=None)

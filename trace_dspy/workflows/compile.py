@@ -13,6 +13,7 @@ from typing import Any
 import dspy
 from dspy.utils.exceptions import DSPyError
 
+from trace_dspy.core.config import DataConfig
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.metric import DELTA_KEYS
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
@@ -36,11 +37,11 @@ class CompileConfig:
     data: str | None = None
     # A situations CSV for the emotion prior (trace_dspy.data.situations); None: $TRACE_DSPY_SITUATIONS.
     situations: str | None = None
-    train: int = 16
-    dev: int = 16
+    train: int = DataConfig.train
+    dev: int = DataConfig.dev
     # Selection set for optimizers that score candidates (select, mipro, gepa): drawn from the training side,
     # apart from the train sample, so that dev stays a held-out before/after comparison.
-    val: int = 8
+    val: int = DataConfig.val
     seed: int = 0
     name: str = "trace-dspy"
     artifacts_dir: str | None = None

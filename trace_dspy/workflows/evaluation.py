@@ -329,9 +329,9 @@ def demo_replies(program) -> list[str]:
 def build_metric(settings: Settings, lms=None):
     """The empathy metric from ``[metric]``, with its judge when the judge weight is on."""
     from trace_dspy.optimize.judge import EmpathyJudge
-    from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+    from trace_dspy.optimize.metric import EmpathyMetric
 
-    config = MetricConfig.from_dict(settings.raw.get("metric"))
+    config = settings.metric()
     judge = None
     if config.judge > 0:
         from trace_dspy.lm.specs import LMSet

@@ -55,6 +55,7 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd  # mlflow's own dependency
 
+from trace_dspy.core import env as env_vars
 from trace_dspy.store.evaluations import MODEL_NAME
 
 CODE_FILE = Path(__file__).with_name("pyfunc_model.py")
@@ -64,10 +65,10 @@ INPUT_COLUMN = "dialogue"
 # ``error`` is empty on success and says what went wrong for that row otherwise (the other columns are
 # then empty), so one bad dialogue never loses a batch or a partition.
 OUTPUT_COLUMNS = ("emotion", "emotion_group", "cause_summary", "strategy", "reply", "stages", "error")
-ENV_LM, ENV_API_BASE, ENV_KEY_ENV = "TRACE_DSPY_LM", "TRACE_DSPY_API_BASE", "TRACE_DSPY_API_KEY_ENV"
-ENV_TIMEOUT, ENV_TRUST = "TRACE_DSPY_TIMEOUT", "TRACE_DSPY_TRUST_ARTIFACT_LM"
-ENV_CACHE, ENV_THREADS = "TRACE_DSPY_LM_CACHE", "TRACE_DSPY_THREADS"
-ENV_REQUEST_TIMEOUT, ENV_BUSY_WAIT = "TRACE_DSPY_REQUEST_TIMEOUT", "TRACE_DSPY_BUSY_WAIT"
+ENV_LM, ENV_API_BASE, ENV_KEY_ENV = env_vars.LM, env_vars.API_BASE, env_vars.API_KEY_ENV
+ENV_TIMEOUT, ENV_TRUST = env_vars.TIMEOUT, env_vars.TRUST_ARTIFACT_LM
+ENV_CACHE, ENV_THREADS = env_vars.LM_CACHE, env_vars.THREADS
+ENV_REQUEST_TIMEOUT, ENV_BUSY_WAIT = env_vars.REQUEST_TIMEOUT, env_vars.BUSY_WAIT
 # MLflow's scoring server: its per-request limit (seconds, default 60; a 504 after it), and the variable it
 # sets in the serving process.
 MLFLOW_REQUEST_TIMEOUT, MLFLOW_DEFAULT_REQUEST_TIMEOUT = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT", 60.0
