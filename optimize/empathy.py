@@ -26,7 +26,6 @@ fingerprint of the EPITOME files they came from and their dev table.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from trace_dspy.core.files import ArrayLimits, MiB
+from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.core.labels import STRATEGIES
 
 MECHANISMS = STRATEGIES  # ER, IP, EX: EPITOME's mechanisms are TRACE's strategies
@@ -147,27 +146,15 @@ class Head:
         return p / p.sum(axis=2, keepdims=True)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        header = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), dtype=np.uint8)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, mean=self.mean, scale=self.scale, weights=self.weights, bias=self.bias,
-                                header=header)
-        tmp.replace(path)
-        return path
+        return write_header_npz(path, self.meta, {"mean": self.mean, "scale": self.scale, "weights": self.weights,
+                                                  "bias": self.bias})
 
     @classmethod
     def load(cls, path: str | Path) -> Head:
-        from trace_dspy.core.files import FileCheckError, read_header_npz
-
         path = Path(path)
-        try:
-            meta, arrays = read_header_npz(path, ("mean", "scale", "weights", "bias"), limits=WEIGHT_LIMITS)
-        except FileCheckError as exc:
-            if exc.missing:
-                raise ScorerError(f"empathy scorer weights not found: {path} "
-                                  "(refit: python -m trace_dspy.fit_empathy)") from None
-            raise ScorerError(f"{exc.path}: damaged empathy scorer weights: {exc.reason}") from None
+        meta, arrays = load_header_npz(path, ("mean", "scale", "weights", "bias"), limits=WEIGHT_LIMITS,
+                                       error=ScorerError, what="empathy scorer weights",
+                                       hint=" (refit: python -m trace_dspy.fit_empathy)")
         d = arrays["mean"].shape
         w = arrays["weights"]
         if (len(d) != 1 or arrays["scale"].shape != d or w.shape != (len(MECHANISMS), d[0], LEVELS)

@@ -24,7 +24,6 @@ The weights ship beside this module as ``relevance_head.npz`` (no pickle);
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from trace_dspy.core.files import ArrayLimits, MiB
+from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.optimize.empathy import normalize
 
 FEATURE_VERSION = 1
@@ -70,26 +69,13 @@ class RelevanceHead:
         return 1.0 / (1.0 + np.exp(-(a * self.raw(s, last, r) + b)))
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        header = np.frombuffer(json.dumps(self.meta, sort_keys=True).encode(), dtype=np.uint8)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, header=header, **{k: getattr(self, k) for k in ARRAYS})
-        tmp.replace(path)
-        return path
+        return write_header_npz(path, self.meta, {k: getattr(self, k) for k in ARRAYS})
 
     @classmethod
     def load(cls, path: str | Path) -> RelevanceHead:
-        from trace_dspy.core.files import FileCheckError, read_header_npz
-
         path = Path(path)
-        try:
-            meta, arrays = read_header_npz(path, ARRAYS, limits=WEIGHT_LIMITS)
-        except FileCheckError as exc:
-            if exc.missing:
-                raise RelevanceError(f"relevance head weights not found: {path} "
-                                     "(refit: python -m trace_dspy.fit_relevance)") from None
-            raise RelevanceError(f"{exc.path}: damaged relevance head weights: {exc.reason}") from None
+        meta, arrays = load_header_npz(path, ARRAYS, limits=WEIGHT_LIMITS, error=RelevanceError,
+                                       what="relevance head weights", hint=" (refit: python -m trace_dspy.fit_relevance)")
         a = arrays["A"]
         if (a.ndim != 2 or arrays["B"].shape != a.shape or arrays["C"].shape != a.shape
                 or arrays["w"].shape != (2,) or arrays["calibration"].shape != (2,)):

@@ -13,7 +13,8 @@ by member: the uncompressed size each member declares (zipfile stops
 inflating at that size, so it bounds the work), the ``.npy`` header's dtype
 (numbers only, never objects) and a shape that matches the member's size;
 only then is the array read. ``read_header_npz`` also reads the JSON header
-that the project's weight files carry as a ``uint8`` array.
+that the project's weight files carry as a ``uint8`` array, the one format in
+which they are all written (``write_header_npz``).
 
 Every problem is a :class:`FileCheckError` whose message starts with the
 file's path; callers re-raise it as their own error type.
@@ -22,6 +23,7 @@ file's path; callers re-raise it as their own error type.
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import stat
@@ -241,6 +243,39 @@ def read_header_npz(path: str | os.PathLike, names: Iterable[str], *, limits: Ar
     return meta, arrays
 
 
+def write_header_npz(path: str | os.PathLike, header: dict[str, Any], arrays: dict[str, Any], *,
+                     header_name: str = "header") -> Path:
+    """Write ``arrays`` and the JSON object ``header`` (as a ``uint8`` array named ``header_name``, after the
+    arrays) to a compressed ``.npz``: the format :func:`read_header_npz` reads. The file appears whole or not
+    at all (written beside ``path``, then renamed)."""
+    import numpy as np
+
+    path = Path(path)
+    raw = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        np.savez_compressed(fh, **arrays, **{header_name: raw})
+    os.replace(tmp, path)
+    return path
+
+
+def load_header_npz(path: str | os.PathLike, names: Iterable[str], *, limits: ArrayLimits, error: type[Exception],
+                    what: str, hint: str = "", root: str | os.PathLike | None = None,
+                    finite: bool = False) -> tuple[dict[str, Any], dict]:
+    """:func:`read_header_npz` for a caller with its own error type: a missing file raises
+    ``error("<what> not found: <path><hint>")``, any other problem ``error("<where>: damaged <what>: <reason>")``.
+    ``finite``: NaN or infinite values count as damage too."""
+    try:
+        header, arrays = read_header_npz(path, names, limits=limits, root=root)
+        if finite:
+            check_finite(path, arrays)
+    except FileCheckError as exc:
+        if exc.missing:
+            raise error(f"{what} not found: {path}{hint}") from None
+        raise error(f"{exc.path}: damaged {what}: {exc.reason}") from None
+    return header, arrays
+
+
 def check_finite(where: str | os.PathLike, arrays: dict[str, Any]) -> None:
     """Refuse NaN or infinite values in any float array."""
     import numpy as np
@@ -250,5 +285,5 @@ def check_finite(where: str | os.PathLike, arrays: dict[str, Any]) -> None:
             raise FileCheckError(f"{where}[{name}]", "holds non-finite values (NaN or infinity)")
 
 
-__all__ = ["ArrayLimits", "FileCheckError", "MiB", "check_file", "check_finite", "read_bytes", "read_header_npz",
-           "read_npy", "read_npz"]
+__all__ = ["ArrayLimits", "FileCheckError", "MiB", "check_file", "check_finite", "load_header_npz", "read_bytes",
+           "read_header_npz", "read_npy", "read_npz", "write_header_npz"]
