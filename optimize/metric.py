@@ -31,7 +31,6 @@ collapsed: few distinct replies, or Dist-2 fallen by half against a reference.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -49,6 +48,7 @@ from trace_dspy.optimize.scorers import (
 )
 
 from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.console import warn_once
 from trace_dspy.core.dialogue import listener_turns, speaker_turns
 from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
 from trace_dspy.core.stages import REGISTRY
@@ -184,17 +184,6 @@ class Scored:
 # Which notes each stage can act on (GEPA reflects on one predictor at a time).
 _STAGE_NOTES = {s.name: set(s.notes) for s in REGISTRY if s.notes}
 
-_WARNED: set[str] = set()
-_WARN_LOCK = threading.Lock()
-
-
-def _warn_once(message: str) -> None:
-    with _WARN_LOCK:
-        if message not in _WARNED:
-            _WARNED.add(message)
-            log.warning(message)
-
-
 def strategy_fit(levels: dict[str, float], primary: str | None, secondary: str | None) -> float | None:
     """How well the reply realizes the plan, in [0, 1], from the scorer's expected levels (0-2).
 
@@ -268,7 +257,7 @@ class EmpathyMetric:
         if scorer is None and (self.config.empathy > 0 or self.config.strategy_fit > 0):
             from trace_dspy.optimize.empathy import NO_EMBED
 
-            _warn_once(NO_EMBED)
+            warn_once(log, NO_EMBED, "%s", NO_EMBED)
         self.copy_sources: tuple[str, ...] = ()
         self.add_copy_sources(copy_sources)
 

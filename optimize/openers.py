@@ -111,31 +111,9 @@ def fit_openers(program, trainset: Sequence[dspy.Example], metric, *, pool: dict
             log(f"openers: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
             continue
         items += 1
-        replies += 1
-        inputs = {name: first.get(name, "") for name in fields}
-        valence = emotion_valence(first.get("emotion"))
-        kinds = scaffold_kinds(inputs)
-        twice = kinds[0] == kinds[1]
-        for kind in dict.fromkeys(kinds):
-            for opener in pool.get(kind, ()):
-                if not opener_suits(opener, valence):  # a toned opener is only tried where it may be used
-                    continue
-                if _is_stock(kind, opener, twice):
-                    scored[kind, opener].append((valence, first_score))
-                    continue
-                base.reply_openers = _trial(kind, opener, twice)
-                try:
-                    reply = base._call("generate_response", dict(inputs))
-                    score = float(metric(example, dspy.Prediction(**{**first.toDict(),
-                                                                     "response": reply.response})))
-                except Exception as exc:  # noqa: BLE001 - as above, for one reply
-                    failed += 1
-                    log(f"openers: a reply with {opener!r} failed ({type(exc).__name__}); skipped")
-                    continue
-                finally:
-                    base.reply_openers = None
-                replies += 1
-                scored[kind, opener].append((valence, score))
+        tried, lost = _try_openers(base, example, first, first_score, metric, fields, pool, scored, log)
+        replies += 1 + tried
+        failed += lost
     seconds = time.perf_counter() - started
     if items < MIN_ITEMS:
         log(f"openers: only {items} training dialogues could be scored (at least {MIN_ITEMS} needed); "
@@ -145,6 +123,37 @@ def fit_openers(program, trainset: Sequence[dspy.Example], metric, *, pool: dict
     log(f"openers: {replies} replies on {items} dialogues in {seconds:.0f} s; first openers "
         + "; ".join(f"{v}: " + ", ".join(f"{k} {t[k][0]!r}" for k in t) for v, t in openers.items()))
     return OpenerFit(openers, rows, items, replies, failed, seconds)
+
+
+def _try_openers(base, example, first, first_score: float, metric, fields: list[str], pool: dict,
+                 scored: dict[tuple[str, str], list[tuple[str, float]]], log: Callable[[str], None]) -> tuple[int, int]:
+    """Score, into ``scored``, a reply begun with each opener that suits ``first``'s plan and emotion; the
+    stock opener keeps ``first``'s score. (replies written, replies that failed)."""
+    inputs = {name: first.get(name, "") for name in fields}
+    valence = emotion_valence(first.get("emotion"))
+    kinds = scaffold_kinds(inputs)
+    twice = kinds[0] == kinds[1]
+    replies = failed = 0
+    for kind in dict.fromkeys(kinds):
+        for opener in pool.get(kind, ()):
+            if not opener_suits(opener, valence):  # a toned opener is only tried where it may be used
+                continue
+            if _is_stock(kind, opener, twice):
+                scored[kind, opener].append((valence, first_score))
+                continue
+            base.reply_openers = _trial(kind, opener, twice)
+            try:
+                reply = base._call("generate_response", dict(inputs))
+                score = float(metric(example, dspy.Prediction(**{**first.toDict(), "response": reply.response})))
+            except Exception as exc:  # noqa: BLE001 - one reply's failure does not stop the fit
+                failed += 1
+                log(f"openers: a reply with {opener!r} failed ({type(exc).__name__}); skipped")
+                continue
+            finally:
+                base.reply_openers = None
+            replies += 1
+            scored[kind, opener].append((valence, score))
+    return replies, failed
 
 
 def rank_openers(scored: dict[tuple[str, str], list[tuple[str, float]]], pool: dict, *, keep: int = KEEP,

@@ -104,24 +104,10 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
             failed += 1
             log(f"plans: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
             continue
-        replies += 1
-        candidates += len(rewards)
-        for plan in options:
-            if plan == own:
-                trials[plan] = trials["lm"]
-                continue
-            try:
-                with base._stage_context("generate_response"):
-                    result, reward, rewards = base.plan_reply(base.generate_response, inputs, plan)
-                pred = dspy.Prediction(**{**first.toDict(), "response": result.response, "strategy": plan[0],
-                                          "secondary_strategy": plan[1]})
-                trials[plan] = (float(reward), float(metric(example, pred)))
-            except Exception as exc:  # noqa: BLE001 - as above, for one reply
-                failed += 1
-                log(f"plans: a reply for {'+'.join(plan)} failed ({type(exc).__name__}); skipped")
-                continue
-            replies += 1
-            candidates += len(rewards)
+        written, tried, lost = _try_plans(base, example, first, inputs, options, own, metric, trials, log)
+        replies += 1 + written
+        candidates += len(rewards) + tried
+        failed += lost
         table.append(trials)
     seconds = time.perf_counter() - started
     if len(table) < MIN_ITEMS:
@@ -145,6 +131,30 @@ def _value(table: list[dict], plans: Sequence) -> float:
                 best = trials[plan]
         total += best[1]
     return total / len(table)
+
+
+def _try_plans(base, example, first, inputs: dict, options: Sequence[tuple[str, str]], own: tuple[str, str], metric,
+               trials: dict, log: Callable[[str], None]) -> tuple[int, int, int]:
+    """Write a reply for each plan of ``options`` and put its (reward, metric score) in ``trials``; the LM's
+    own plan keeps the LM's reply. (replies written, candidates they weighed, replies that failed)."""
+    replies = candidates = failed = 0
+    for plan in options:
+        if plan == own:
+            trials[plan] = trials["lm"]
+            continue
+        try:
+            with base._stage_context("generate_response"):
+                result, reward, rewards = base.plan_reply(base.generate_response, inputs, plan)
+            pred = dspy.Prediction(**{**first.toDict(), "response": result.response, "strategy": plan[0],
+                                      "secondary_strategy": plan[1]})
+            trials[plan] = (float(reward), float(metric(example, pred)))
+        except Exception as exc:  # noqa: BLE001 - one reply's failure does not stop the fit
+            failed += 1
+            log(f"plans: a reply for {'+'.join(plan)} failed ({type(exc).__name__}); skipped")
+            continue
+        replies += 1
+        candidates += len(rewards)
+    return replies, candidates, failed
 
 
 def choose_plans(table: list[dict], options: Sequence[tuple[str, str]], *, max_plans: int = MAX_PLANS,

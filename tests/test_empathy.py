@@ -218,10 +218,11 @@ def test_unrelated_replies_are_scaled_down_by_relevance():
 
 
 def test_without_the_embed_extra_the_empathy_parts_are_off_and_said_so(monkeypatch, caplog):
+    import trace_dspy.core.console as console
     import trace_dspy.optimize.empathy as empathy
 
     monkeypatch.setattr(empathy, "shared_scorer", lambda: None)
-    monkeypatch.setattr(metric_module, "_WARNED", set())
+    monkeypatch.setattr(console, "_WARNED", set())
     with caplog.at_level(logging.WARNING):
         m1 = EmpathyMetric(embedder=None)
         EmpathyMetric(embedder=None)

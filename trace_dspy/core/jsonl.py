@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -43,44 +44,18 @@ def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[
     file holds and begins as this command's records do (``{"<key>": ``).
     Nothing is changed in a file that is refused.
     """
-    from trace_dspy.core.safety import JSONLimitError, load_json
-
     path = Path(path)
-    records: dict[str, dict] = {}
     if not path.exists():
-        return records
+        return {}
     if not path.is_file():
         raise ForeignFileError(f"{path} is not a file")
     data = path.read_bytes()
     complete = data.rfind(b"\n") + 1  # bytes up to the last newline; the rest is a torn line
-    bad: list[str] = []
-    for n, raw in enumerate(data[:complete].split(b"\n")[:-1], 1):
-        if not raw.strip():
-            continue
-        try:
-            rec = load_json(raw, f"{path}:{n}")
-        except JSONLimitError as exc:
-            bad.append(str(exc))
-            continue
-        if not isinstance(rec, dict) or key not in rec or (accept is not None and not accept(rec)):
-            if strict:
-                raise _foreign(path, what, f"line {n} is not one of its records")
-            bad.append(f"{path}:{n}: not a {what} record")
-            continue
-        records[str(rec[key])] = rec
+    ours = _accepts(key, accept)
+    records, bad = _complete_lines(path, data[:complete], key, ours, what, strict)
     newline_missing = False
     if strict and complete != len(data):
-        tail, last = data[complete:], data.count(b"\n", 0, complete) + 1
-        try:
-            rec = load_json(tail, f"{path}:{last}")
-        except JSONLimitError:  # a torn line: cut off below, if the file is ours
-            if not records and not bad and not tail.lstrip().startswith(b'{"%s": ' % key.encode()):
-                raise _foreign(path, what, "its only line is not JSON") from None
-        else:
-            if not isinstance(rec, dict) or key not in rec or (accept is not None and not accept(rec)):
-                raise _foreign(path, what, "its last line is not one of its records")
-            records[str(rec[key])] = rec
-            newline_missing = True
+        newline_missing = _last_line(path, data, complete, records, not bad, key, ours, what)
     if bad and not records:
         raise _foreign(path, what, bad[0])
     for message in bad[:5]:
@@ -96,6 +71,54 @@ def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[
         with open(path, "r+b") as fh:
             fh.truncate(complete)
     return records
+
+
+def _accepts(key: str, accept: Callable[[dict], bool] | None) -> Callable[[Any], bool]:
+    """Whether a decoded line is one of this command's records."""
+    return lambda rec: isinstance(rec, dict) and key in rec and (accept is None or accept(rec))
+
+
+def _complete_lines(path: Path, data: bytes, key: str, ours: Callable[[Any], bool], what: str,
+                    strict: bool) -> tuple[dict[str, dict], list[str]]:
+    """(the records by key, a message per damaged line) of the newline-terminated lines ``data``."""
+    from trace_dspy.core.safety import JSONLimitError, load_json
+
+    records: dict[str, dict] = {}
+    bad: list[str] = []
+    for n, raw in enumerate(data.split(b"\n")[:-1], 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = load_json(raw, f"{path}:{n}")
+        except JSONLimitError as exc:
+            bad.append(str(exc))
+            continue
+        if not ours(rec):
+            if strict:
+                raise _foreign(path, what, f"line {n} is not one of its records")
+            bad.append(f"{path}:{n}: not a {what} record")
+            continue
+        records[str(rec[key])] = rec
+    return records, bad
+
+
+def _last_line(path: Path, data: bytes, complete: int, records: dict[str, dict], undamaged: bool, key: str,
+               ours: Callable[[Any], bool], what: str) -> bool:
+    """Read the last line, which has no newline, into ``records`` when it is one of ours (then True: only
+    its newline is missing); False when it is torn and the file is ours. Refuses a file that is not."""
+    from trace_dspy.core.safety import JSONLimitError, load_json
+
+    tail, last = data[complete:], data.count(b"\n", 0, complete) + 1
+    try:
+        rec = load_json(tail, f"{path}:{last}")
+    except JSONLimitError:  # a torn line: cut off by the caller, if the file is ours
+        if not records and undamaged and not tail.lstrip().startswith(b'{"%s": ' % key.encode()):
+            raise _foreign(path, what, "its only line is not JSON") from None
+        return False
+    if not ours(rec):
+        raise _foreign(path, what, "its last line is not one of its records")
+    records[str(rec[key])] = rec
+    return True
 
 
 def _foreign(path: Path, what: str, why: str) -> ForeignFileError:

@@ -95,6 +95,10 @@ def _read_json(path: Path, max_bytes: int, root: Path) -> Any:
         raise ConfigError(str(exc)) from None
 
 
+def _damaged(folder: Path, name: str, reason: str) -> ConfigError:
+    return ConfigError(f"{folder / name}: retrieval index is damaged: {reason}")
+
+
 def _check_bm25(folder: Path, root: Path, n_items: int) -> None:
     """Check a saved bm25s index against ``n_items`` documents before bm25s reads it.
 
@@ -102,15 +106,33 @@ def _check_bm25(folder: Path, root: Path, n_items: int) -> None:
     plus one, non-decreasing from 0 to the number of scores; ``indices`` are document numbers below
     ``num_docs``; ``data`` are finite scores.
     """
-    from trace_dspy.core.files import FileCheckError, read_npy
+    _check_bm25_params(folder, root, n_items)
+    vocab_path = folder / "vocab.index.json"
+    vocab = _read_json(vocab_path, MAX_VOCAB_BYTES, root)
+    if not isinstance(vocab, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                              for v in vocab.values()):
+        raise _damaged(folder, vocab_path.name, "expected an object of token ids")
+    data, indices, indptr = _read_bm25_arrays(folder, root)
+    _check_bm25_scores(folder, data, indices, indptr, n_items)
+    # One column per token; bm25s may add the empty token "" after the last column, with no scores.
+    columns = len(indptr) - 1
+    if len(vocab) - columns not in (0, int("" in vocab)):
+        raise ConfigError(f"{folder / 'indptr.csc.index.npy'}: retrieval index is damaged: {len(indptr)} entries "
+                          f"for the {len(vocab)} tokens of {vocab_path} (expected {len(vocab) + 1 - int('' in vocab)})")
+    if indptr[0] != 0 or indptr[-1] != len(data) or (np.diff(indptr) < 0).any():
+        raise _damaged(folder, "indptr.csc.index.npy", f"expected offsets rising from 0 to {len(data)}")
+    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(vocab) or len(np.unique(ids)) != len(ids)
+                     or len(vocab) > columns and vocab[""] != columns):
+        raise _damaged(folder, vocab_path.name, f"token ids must be distinct and from 0 to {len(vocab) - 1}")
 
-    def bad(name: str, reason: str):
-        return ConfigError(f"{folder / name}: retrieval index is damaged: {reason}")
 
+def _check_bm25_params(folder: Path, root: Path, n_items: int) -> None:
+    """``params.index.json``: only the settings bm25s writes, each of its type, and ``num_docs`` = ``n_items``."""
     params_path = folder / "params.index.json"
     params = _read_json(params_path, MAX_PARAMS_BYTES, root)
     if not isinstance(params, dict):
-        raise bad(params_path.name, f"expected a JSON object, found {type(params).__name__}")
+        raise _damaged(folder, params_path.name, f"expected a JSON object, found {type(params).__name__}")
     for key, value in params.items():
         allowed = _BM25_PARAMS.get(key)
         ok = (allowed == "number" and isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -120,48 +142,44 @@ def _check_bm25(folder: Path, root: Path, n_items: int) -> None:
               or isinstance(allowed, tuple) and any(value is a or type(value) is type(a) and value == a
                                                     for a in allowed))
         if not ok:
-            raise bad(params_path.name, f"{key}: {value!r:.80} is not a setting this index may have"
-                      if allowed else f"unknown setting {key!r}")
+            raise _damaged(folder, params_path.name, f"{key}: {value!r:.80} is not a setting this index may have"
+                           if allowed else f"unknown setting {key!r}")
     if params.get("num_docs") != n_items:
-        raise bad(params_path.name, f"num_docs: the index holds {params.get('num_docs')!r} documents but "
-                                    f"items.json has {n_items}")
-    vocab_path = folder / "vocab.index.json"
-    vocab = _read_json(vocab_path, MAX_VOCAB_BYTES, root)
-    if not isinstance(vocab, dict) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                              for v in vocab.values()):
-        raise bad(vocab_path.name, "expected an object of token ids")
-    arrays = {}
+        raise _damaged(folder, params_path.name, f"num_docs: the index holds {params.get('num_docs')!r} documents "
+                                                 f"but items.json has {n_items}")
+
+
+def _read_bm25_arrays(folder: Path, root: Path) -> tuple[np.ndarray, ...]:
+    """(data, indices, indptr): each a bounded, numeric, one-dimensional array."""
+    from trace_dspy.core.files import FileCheckError, read_npy
+
+    arrays = []
     for name in BM25_ARRAYS:
         path = folder / f"{name}.csc.index.npy"
         try:
-            arrays[name] = read_npy(path, max_bytes=MAX_ARRAY_BYTES, root=root)
+            array = read_npy(path, max_bytes=MAX_ARRAY_BYTES, root=root)
         except FileCheckError as exc:
             raise ConfigError(f"{exc.path}: retrieval index is damaged: {exc.reason}") from None
-        if arrays[name].ndim != 1:
-            raise bad(path.name, f"expected one dimension, found shape {arrays[name].shape}")
-    data, indices, indptr = (arrays[n] for n in BM25_ARRAYS)
+        if array.ndim != 1:
+            raise _damaged(folder, path.name, f"expected one dimension, found shape {array.shape}")
+        arrays.append(array)
+    return tuple(arrays)
+
+
+def _check_bm25_scores(folder: Path, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
+                       n_items: int) -> None:
+    """Finite scores, integer offsets, and a document number below ``n_items`` for each score."""
     if data.dtype.kind != "f" or not np.isfinite(data).all():
-        raise bad("data.csc.index.npy", f"expected finite scores, found {data.dtype} values"
-                  + (" that are NaN or infinite" if data.dtype.kind == "f" else ""))
+        raise _damaged(folder, "data.csc.index.npy", f"expected finite scores, found {data.dtype} values"
+                       + (" that are NaN or infinite" if data.dtype.kind == "f" else ""))
     for name, array in (("indices", indices), ("indptr", indptr)):
         if array.dtype.kind not in "iu":
-            raise bad(f"{name}.csc.index.npy", f"expected integers, found {array.dtype}")
+            raise _damaged(folder, f"{name}.csc.index.npy", f"expected integers, found {array.dtype}")
     if len(indices) != len(data):
-        raise bad("indices.csc.index.npy", f"{len(indices)} document numbers for {len(data)} scores")
+        raise _damaged(folder, "indices.csc.index.npy", f"{len(indices)} document numbers for {len(data)} scores")
     if len(indices) and (indices.min() < 0 or indices.max() >= n_items):
-        raise bad("indices.csc.index.npy", f"document numbers must be from 0 to {n_items - 1}, found "
-                                           f"{int(indices.min())} to {int(indices.max())}")
-    # One column per token; bm25s may add the empty token "" after the last column, with no scores.
-    columns = len(indptr) - 1
-    if len(vocab) - columns not in (0, int("" in vocab)):
-        raise ConfigError(f"{folder / 'indptr.csc.index.npy'}: retrieval index is damaged: {len(indptr)} entries "
-                          f"for the {len(vocab)} tokens of {vocab_path} (expected {len(vocab) + 1 - int('' in vocab)})")
-    if indptr[0] != 0 or indptr[-1] != len(data) or (np.diff(indptr) < 0).any():
-        raise bad("indptr.csc.index.npy", f"expected offsets rising from 0 to {len(data)}")
-    ids = np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))
-    if len(ids) and (ids.min() < 0 or ids.max() >= len(vocab) or len(np.unique(ids)) != len(ids)
-                     or len(vocab) > columns and vocab[""] != columns):
-        raise bad(vocab_path.name, f"token ids must be distinct and from 0 to {len(vocab) - 1}")
+        raise _damaged(folder, "indices.csc.index.npy", f"document numbers must be from 0 to {n_items - 1}, found "
+                                                        f"{int(indices.min())} to {int(indices.max())}")
 
 
 class ExemplarIndex:

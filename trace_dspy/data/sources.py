@@ -30,7 +30,6 @@ dev, the test part is only ever used for evaluation.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import logging
 import os
@@ -44,9 +43,10 @@ from pathlib import Path
 import dspy
 
 from trace_dspy.core import env
-from trace_dspy.core.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.core.safety import JSONLimitError, load_json
+from trace_dspy.data.ed_csv import read_ed_csv
+from trace_dspy.data.samples import DataError, Sample
 
 log = logging.getLogger(__name__)
 
@@ -60,53 +60,13 @@ SEED_BANNER = (
 )
 # Share of conversations held out as the test part of a single JSONL file.
 FILE_TEST_FRACTION = 0.25
-_CSV_COLUMNS = ("dialogue_id", "turns", "text", "dialogue_emotion")
+# Share of the pool's conversations on the dev side (split_pool).
+DEV_FRACTION = 0.2
 _OFFLINE_HINT = (
     f"To work offline, point --data (or the environment variable {env.DATA}) at local files: "
     "a directory with the preprocessed EmpatheticDialogues valid.csv and test.csv, "
     "a directory with valid.jsonl and test.jsonl, or one JSONL file (format in README.md, 'Data')."
 )
-
-
-class DataError(ValueError):
-    """A data source is missing or malformed; the message names file and line."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One item: the conversation so far (ending on the speaker) and the gold reply."""
-
-    sample_id: str
-    conversation_id: str
-    turns: tuple[str, ...]  # speaker first, alternating, ending on the speaker
-    emotion: str
-    response: str
-    situation: str | None = None
-    # Samples with the same split_key always land on the same side of a split.
-    # It is coarser than conversation_id where the source has near-duplicates.
-    split_key: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.split_key:
-            object.__setattr__(self, "split_key", self.conversation_id)
-
-    @property
-    def dialogue(self) -> str:
-        n = len(self.turns)
-        return render_dialogue(
-            [Turn(SPEAKER if (n - 1 - i) % 2 == 0 else LISTENER, t) for i, t in enumerate(self.turns)]
-        )
-
-    def to_example(self) -> dspy.Example:
-        """A ``dspy.Example`` with ``dialogue`` as its input and the labels beside it."""
-        return dspy.Example(
-            dialogue=self.dialogue,
-            emotion=self.emotion,
-            response=self.response,
-            situation=self.situation,
-            conversation_id=self.conversation_id,
-            sample_id=self.sample_id,
-        ).with_inputs("dialogue")
 
 
 @dataclass
@@ -197,134 +157,6 @@ def _fingerprint(paths: Iterable[Path]) -> str:
 
 
 # ---------------------------------------------------------------- readers
-
-
-def read_ed_csv(path: str | os.PathLike) -> list[Sample]:
-    """Read a preprocessed EmpatheticDialogues CSV into samples.
-
-    Rows with the same ``dialogue_id`` form one sample; its last turn (a
-    listener turn) is the gold reply. Samples are grouped into conversations by
-    their shared first turn.
-    """
-    path = Path(path)
-    rows: dict[str, list[tuple[int, str, str, int]]] = defaultdict(list)
-    order: list[str] = []
-    try:
-        fh = open(path, newline="", encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open: {exc.strerror}") from None
-    with fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise DataError(f"{path}: file is empty") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}:1: cannot read header: {exc}") from None
-        missing = [c for c in _CSV_COLUMNS if c not in header]
-        if missing:
-            raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}; got {header}")
-        col = {name: header.index(name) for name in _CSV_COLUMNS}
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except (csv.Error, UnicodeDecodeError) as exc:
-                raise DataError(f"{path}:{reader.line_num}: malformed CSV: {exc}") from None
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataError(f"{path}:{line}: expected {len(header)} fields, found {len(row)}")
-            did, text, emotion = row[col["dialogue_id"]], row[col["text"]], row[col["dialogue_emotion"]]
-            try:
-                turn = int(row[col["turns"]])
-            except ValueError:
-                raise DataError(f"{path}:{line}: turns must be an integer, got {row[col['turns']]!r}") from None
-            if not text.strip():
-                raise DataError(f"{path}:{line}: empty text")
-            if did not in rows:
-                order.append(did)
-            rows[did].append((turn, text.strip(), emotion, line))
-
-    samples = []
-    disagreeing: list[tuple[int, str, str]] = []
-    for did in order:
-        turns = sorted(rows[did])
-        first_line = turns[0][3]
-        numbers = [t[0] for t in turns]
-        if numbers != list(range(1, len(turns) + 1)):
-            raise DataError(f"{path}:{first_line}: sample {did} has turns {numbers}; expected 1..{len(turns)}")
-        if len(turns) % 2:
-            raise DataError(
-                f"{path}:{turns[-1][3]}: sample {did} ends on a speaker turn; its last turn must be the listener's reply"
-            )
-        # The conversation's label is the one on its first turn. The published
-        # test.csv has one later row whose label is glued to an utterance tag
-        # ('surprisedacknowledging'); such disagreeing later rows are reported,
-        # not fatal, because the first row already carries the label.
-        emotion = turns[0][2]
-        if emotion not in EMOTIONS:
-            raise DataError(f"{path}:{first_line}: unknown dialogue_emotion {emotion!r}")
-        disagreeing += [(t[3], t[2], emotion) for t in turns[1:] if t[2] != emotion]
-        texts = tuple(t[1] for t in turns)
-        samples.append((did, texts, emotion))
-    if disagreeing:
-        _warn_once(path, disagreeing)
-    return _ed_conversations(samples, path.stem)
-
-
-_WARNED: set[tuple[str, int, int]] = set()
-
-
-def _warn_once(path: Path, disagreeing: list[tuple[int, str, str]]) -> None:
-    """One warning per file and process (a file is read again for each split): a count and the first row."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
-    line, label, first = disagreeing[0]
-    more = f" ({len(disagreeing)} rows; the first shown)" if len(disagreeing) > 1 else ""
-    log.warning("%s:%d: dialogue_emotion %r differs from the sample's first row (%r); the first row's label is "
-                "used%s", path, line, label, first, more)
-
-
-def _ed_conversations(samples: list[tuple[str, tuple[str, ...], str]], stem: str) -> list[Sample]:
-    """Recover conversations from prefix samples.
-
-    Each sample is a prefix of a conversation ending on a listener turn. A
-    conversation is a chain of samples each of which is a prefix of the
-    longest one; the chains are found among samples that share a first turn.
-    The first turn is also the split key, so near-duplicate conversations (the
-    corpus has some with the same opening) never straddle a split.
-    """
-    by_first: dict[str, list[int]] = defaultdict(list)
-    for i, (_, texts, _) in enumerate(samples):
-        by_first[texts[0]].append(i)
-    conv_of: dict[int, str] = {}
-    for members in by_first.values():
-        heads: list[int] = []
-        for i in sorted(members, key=lambda i: -len(samples[i][1])):
-            texts = samples[i][1]
-            head = next((h for h in heads if len(samples[h][1]) > len(texts)
-                         and samples[h][1][: len(texts)] == texts), None)
-            if head is None:
-                heads.append(i)
-                head = i
-            conv_of[i] = f"{stem}:{samples[head][0]}"
-    out = []
-    for i, (did, texts, emotion) in enumerate(samples):
-        out.append(Sample(
-            sample_id=f"{stem}:{did}",
-            conversation_id=conv_of[i],
-            turns=texts[:-1],
-            emotion=emotion,
-            response=texts[-1],
-            split_key=f"{stem}:" + hashlib.sha1(texts[0].encode()).hexdigest()[:12],
-        ))
-    return out
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Sample]:
@@ -461,6 +293,13 @@ def partition_by_conversation(
     return [s for s in samples if s.split_key not in held], [s for s in samples if s.split_key in held]
 
 
+def split_pool(source: DataSource, *, seed: int = 0,
+               dev_fraction: float = DEV_FRACTION) -> tuple[list[Sample], list[Sample]]:
+    """The pool's (training side, dev side), split by conversation and seeded: the one split that compiles,
+    the emotion prior and its choice all use, so that a prior is never fitted on a compile's dev items."""
+    return partition_by_conversation(source.pool, dev_fraction, seed=seed)
+
+
 def select_view(samples: Sequence[Sample], view: str) -> list[Sample]:
     """``cem``: every sample; ``longest``: the longest sample of each conversation;
     ``trace``: the longest sample of each conversation, without ``prepared``
@@ -486,7 +325,7 @@ def load_splits(
     data: str | os.PathLike | DataSource | None = None,
     *,
     seed: int = 0,
-    dev_fraction: float = 0.2,
+    dev_fraction: float = DEV_FRACTION,
     view: str = "longest",
     train_size: int | None = None,
     dev_size: int | None = None,
@@ -496,7 +335,7 @@ def load_splits(
     ``train_size`` / ``dev_size`` take a seeded sample of each side.
     """
     source = data if isinstance(data, DataSource) else resolve_source(data, seed=seed)
-    train, dev = partition_by_conversation(source.pool, dev_fraction, seed=seed)
+    train, dev = split_pool(source, seed=seed, dev_fraction=dev_fraction)
     train, dev = select_view(train, view), select_view(dev, view)
     rng = random.Random(seed)
     train = _take(train, train_size, rng)

@@ -37,8 +37,9 @@ import numpy as np
 
 from trace_dspy.core import env
 from trace_dspy.core.dialogue import speaker_text
-from trace_dspy.core.files import ArrayLimits, MiB
+from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.core.labels import EMOTIONS, ekman_group
+from trace_dspy.data.sources import DEV_FRACTION
 from trace_dspy.optimize.empathy import normalize
 
 # Version 2 embeds the speaker's words in the reward's spelling (optimize.empathy.normalize), so that the
@@ -196,17 +197,12 @@ class EmotionPrior:
     # -- files ----------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
         header = {**self.meta, "labels": list(self.labels), "vocab": list(self.vocab),
                   "feature_version": self.feature_version}
-        raw = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
-        tmp = path.with_name(path.name + ".tmp")
         # Half precision halves the file; the predictions it changes are ties to three decimals.
-        with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, idf=self.idf.astype(np.float32), weights=self.weights.astype(np.float16),
-                                bias=self.bias.astype(np.float32), header=raw)
-        os.replace(tmp, path)
-        return path
+        return write_header_npz(path, header, {"idf": self.idf.astype(np.float32),
+                                               "weights": self.weights.astype(np.float16),
+                                               "bias": self.bias.astype(np.float32)})
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, root: str | os.PathLike | None = None) -> EmotionPrior:
@@ -215,16 +211,9 @@ class EmotionPrior:
         ``root``: the folder the file must stay inside (an artifact's). Any problem is a ``PriorError``
         naming the file.
         """
-        from trace_dspy.core.files import FileCheckError, check_finite, read_header_npz
-
         path = Path(path)
-        try:
-            header, arrays = read_header_npz(path, ("idf", "weights", "bias"), limits=LIMITS, root=root)
-            check_finite(path, arrays)
-        except FileCheckError as exc:
-            if exc.missing:
-                raise PriorError(f"emotion prior not found: {path}") from None
-            raise PriorError(f"{exc.path}: damaged emotion prior: {exc.reason}") from None
+        header, arrays = load_header_npz(path, ("idf", "weights", "bias"), limits=LIMITS, root=root, finite=True,
+                                         error=PriorError, what="emotion prior")
         version = header.get("feature_version")
         if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise PriorError(f"{path}: made for feature version {version!r}, this code "
@@ -304,6 +293,21 @@ def _calibrate(logits: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return best[1], best[0]
 
 
+def _best_c(shell: EmotionPrior, x_train, y: np.ndarray, x_dev, dev_texts: Sequence[str], dev_labels: Sequence[str],
+            encode: Encoder, c_grid: Sequence[float]):
+    """(C, (weights, bias), dev scores, dev logits) of the fit that scores best on dev; the first C wins a tie."""
+    from trace_dspy.optimize.softmax import fit_softmax_lbfgs
+
+    best = None
+    for c in c_grid:
+        w, b = _half(*fit_softmax_lbfgs(x_train, y, c=c, classes=len(shell.labels)))
+        logits = np.asarray(x_dev @ w) + b
+        scores = accuracy(shell, dev_texts, dev_labels, encode, p=_softmax(logits))
+        if best is None or scores["accuracy"] > best[2]["accuracy"]:
+            best = (c, (w, b), scores, logits)
+    return best
+
+
 def fit_prior(train: TrainingSet, dev_texts: Sequence[str], dev_labels: Sequence[str], encode: Encoder, *,
               meta: dict[str, Any] | None = None, c_grid: Sequence[float] = C_GRID, spec: FeatureSpec = SPEC,
               min_df: int = MIN_DF, refit_on_dev: bool = False) -> EmotionPrior:
@@ -340,14 +344,7 @@ def fit_prior(train: TrainingSet, dev_texts: Sequence[str], dev_labels: Sequence
 
     x_train, x_dev = features(train.texts), features(dev_texts)
     y = np.array([labels.index(e) for e in train.labels])
-    best = None
-    for c in c_grid:
-        w, b = _half(*fit_softmax_lbfgs(x_train, y, c=c, classes=len(labels)))
-        logits = np.asarray(x_dev @ w) + b
-        scores = accuracy(shell, dev_texts, dev_labels, encode, p=_softmax(logits))
-        if best is None or scores["accuracy"] > best[2]["accuracy"]:
-            best = (c, (w, b), scores, logits)
-    c, (w, b), scores, logits = best
+    c, (w, b), scores, logits = _best_c(shell, x_train, y, x_dev, dev_texts, dev_labels, encode, c_grid)
     seen = [i for i, e in enumerate(dev_labels) if e in labels]  # a label training never saw has no output
     y_dev = np.array([labels.index(dev_labels[i]) for i in seen], dtype=int)
     temperature, dev_nll = _calibrate(logits[seen], y_dev) if seen else (1.0, float("nan"))
@@ -367,18 +364,18 @@ def fit_prior(train: TrainingSet, dev_texts: Sequence[str], dev_labels: Sequence
     return prior
 
 
-def fit_from_source(source, *, situations=None, seed: int = 0, dev_fraction: float = 0.2,
+def fit_from_source(source, *, situations=None, seed: int = 0, dev_fraction: float = DEV_FRACTION,
                     encode: Encoder | None = None, refit_on_dev: bool = False) -> EmotionPrior:
     """Fit on a data source's pool (every training-side sample, dev chosen the way ``load_splits`` does)
     and on ``situations`` (a ``data.situations.Situations``) when given.
 
     Raises PriorError when the pool is too small or the ``embed`` extra is missing.
     """
-    from trace_dspy.data.sources import partition_by_conversation, select_view
+    from trace_dspy.data.sources import select_view, split_pool
 
     if encode is None:
         encode = default_encoder()
-    train, dev = partition_by_conversation(source.pool, dev_fraction, seed=seed)
+    train, dev = split_pool(source, seed=seed, dev_fraction=dev_fraction)
     dev = select_view(dev, "longest")
     meta = {"data_fingerprint": source.fingerprint, "split_seed": seed, "dev_fraction": dev_fraction}
     if situations is not None:
@@ -418,13 +415,13 @@ def prior_cache_dir() -> Path:
     return env.cache_dir("emotion-prior")
 
 
-def cached_prior_path(source, *, situations=None, seed: int = 0, dev_fraction: float = 0.2) -> Path:
+def cached_prior_path(source, *, situations=None, seed: int = 0, dev_fraction: float = DEV_FRACTION) -> Path:
     key = json.dumps([source.fingerprint, situations.fingerprint if situations is not None else None, seed,
                       dev_fraction, FEATURE_VERSION, list(C_GRID), asdict(SPEC), MIN_DF])
     return prior_cache_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
 
 
-def cached_prior(source, *, situations=None, seed: int = 0, dev_fraction: float = 0.2) -> EmotionPrior:
+def cached_prior(source, *, situations=None, seed: int = 0, dev_fraction: float = DEV_FRACTION) -> EmotionPrior:
     """:func:`fit_from_source`, fitted once per data (and situations) fingerprint and split, reused after."""
     path = cached_prior_path(source, situations=situations, seed=seed, dev_fraction=dev_fraction)
     if path.is_file():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEV_FRACTION = 0.2
+from trace_dspy.data.sources import DEV_FRACTION
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _shipped_dev_accuracy(shipped, source, seed: int, texts, labels) -> float:
 
 def choose_prior(source, *, situations=None, seed: int = 0, prior_k: Any = "auto") -> PriorChoice:
     """The better of the prior fitted on ``source`` (and ``situations``) and the shipped one, on dev."""
-    from trace_dspy.data.sources import partition_by_conversation, select_view
+    from trace_dspy.data.sources import select_view, split_pool
     from trace_dspy.program.emotion_prior import (
         MIN_TRAIN,
         PriorError,
@@ -112,7 +112,7 @@ def choose_prior(source, *, situations=None, seed: int = 0, prior_k: Any = "auto
         return PriorChoice(shipped, "shipped", f"no prior could be fitted on this pool: {exc}")
     if shipped is None:
         return PriorChoice(fitted, "fitted", shipped_error)
-    dev = select_view(partition_by_conversation(source.pool, DEV_FRACTION, seed=seed)[1], "longest")
+    dev = select_view(split_pool(source, seed=seed)[1], "longest")
     texts, labels = [s.dialogue for s in dev], [s.emotion for s in dev]
     try:
         shipped_dev = _shipped_dev_accuracy(shipped, source, seed, texts, labels)
