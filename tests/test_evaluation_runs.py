@@ -119,10 +119,11 @@ def test_tracing_is_off_unless_asked(tmp_path, monkeypatch):
     from trace_dspy.core import spans
     from trace_dspy.core.console import with_dspy_context
     from trace_dspy.program.pipeline import TraceProgram
+    from trace_dspy.store.tracking import tracing
     from trace_dspy.testing.fakes import fake_lm
 
     assert not spans.enabled()
-    with spans.tracing():
+    with tracing():
         assert with_dspy_context(spans.enabled)() is True
     assert with_dspy_context(spans.enabled)() is False
     lm, _ = fake_lm(echo_reply)
@@ -194,7 +195,7 @@ def test_candidates_and_reflection_rounds_are_spans(tmp_path):
 
     from trace_dspy import ProgramConfig, TraceProgram
     from trace_dspy.core import spans
-    from trace_dspy.store.tracking import prepare_tracing
+    from trace_dspy.store.tracking import prepare_tracing, tracing
     from trace_dspy.testing.fakes import fake_lm
 
     prepare_tracing(f"sqlite:///{tmp_path / 'mlflow.db'}", "spans")
@@ -203,7 +204,7 @@ def test_candidates_and_reflection_rounds_are_spans(tmp_path):
     program = TraceProgram(ProgramConfig(best_of=3, best_of_threshold=1.0, reflection=True, reflection_rounds=1))
     rewards = {"Okay then.": 0.2, "That is sad news.": 0.5, "I am so sorry about your dog; how are you?": 0.9}
     program.reward_fn = lambda inputs, pred: rewards[pred.response]
-    with spans.tracing(), dspy.context(lm=lm, callbacks=[spans.lm_span_callback()]):
+    with tracing(), dspy.context(lm=lm, callbacks=[spans.lm_span_callback()]):
         pred = program(dialogue="Speaker: My dog died yesterday.")
         trace_id = spans.last_trace_id()
     mlflow.flush_trace_async_logging()

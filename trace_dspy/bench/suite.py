@@ -427,11 +427,11 @@ def measure_overhead(examples: Sequence[dspy.Example], program, *, warmup: int =
         import tempfile
 
         from trace_dspy.core import spans
-        from trace_dspy.store.tracking import prepare_tracing
+        from trace_dspy.store.tracking import prepare_tracing, tracing
 
         with tempfile.TemporaryDirectory(prefix="trace-overhead-") as tmp:
             prepare_tracing(f"sqlite:///{tmp}/mlflow.db", "overhead")
-            with spans.tracing(), dspy.context(callbacks=[spans.lm_span_callback()]):
+            with tracing(), dspy.context(callbacks=[spans.lm_span_callback()]):
                 result = measure_overhead(examples, program, warmup=warmup, clock=clock)
             import mlflow
 

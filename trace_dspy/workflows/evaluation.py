@@ -48,6 +48,7 @@ from trace_dspy.optimize.scorers import (
     safe_mean,
     token_f1,
 )
+from trace_dspy.store import tracking
 from trace_dspy.workflows.settings import Settings
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
@@ -191,7 +192,7 @@ def evaluate_program(
     writer = AppendWriter(results_path) if results_path is not None else None
     callbacks = [*(dspy.settings.config.get("callbacks") or []), spans.lm_span_callback()] if trace else None
     try:
-        with progress(total=len(todo), desc=desc) as bar, spans.tracing(trace), \
+        with progress(total=len(todo), desc=desc) as bar, tracking.tracing(trace), \
                 (dspy.context(callbacks=callbacks) if trace else nullcontext()), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             work = with_dspy_context(task)
