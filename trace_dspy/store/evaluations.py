@@ -87,12 +87,12 @@ def dataset_identity(rows: Sequence[dict[str, Any]], dataset: dict[str, Any]) ->
             "source_type": "local", "source": json.dumps({**dataset, "items": len(rows)}, sort_keys=True)}
 
 
-def logged_model_id(manifest: dict[str, Any]) -> str | None:
+def logged_model_id(manifest) -> str | None:
     """The MLflow model that the compile of this artifact logged (None for the uncompiled program, for an
     artifact compiled without MLflow, or when its run is not in this tracking store)."""
     import mlflow
 
-    run_id = (manifest.get("mlflow") or {}).get("run_id")
+    run_id = manifest.mlflow.get("run_id") if manifest is not None else None
     if not run_id:
         return None
     try:

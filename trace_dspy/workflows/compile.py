@@ -16,6 +16,7 @@ from dspy.utils.exceptions import DSPyError
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.metric import DELTA_KEYS
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+from trace_dspy.store.manifest import Manifest
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.evaluation import (
     TABLE_KEYS,
@@ -97,6 +98,7 @@ def _log(message: str) -> None:
 def run_compile(cfg: CompileConfig) -> CompileResult:
     from trace_dspy.data.situations import resolve_situations
     from trace_dspy.lm.specs import LMSet
+    from trace_dspy.program.parts import FittedParts
     from trace_dspy.program.pipeline import TraceProgram
     from trace_dspy.store.artifacts import write_artifact
 
@@ -117,8 +119,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
         pool = load_splits(source, seed=cfg.seed).train
         retriever = cached_index(pool, retrieval, source.fingerprint)
     prior, prior_record = _fit_prior(cfg, source, situations)
-    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever,
-                           emotion_prior=prior)
+    parts = FittedParts({"retrieval": retriever, "emotion_prior": prior}, {"emotion_prior": prior_record})
+    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), parts=parts)
     metric = build_metric(cfg.settings, lms)
     # Training replies are what demos show the model: a dev reply that copies one scores 0.
     metric.add_copy_sources(e.response for e in splits.train)
@@ -163,43 +165,31 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             # it, the run holds its files before a registry version points at them, and only a registered
             # version can become champion. (tests/test_compile.py kills the command between the steps.)
             run_id = run.info.run_id if run is not None else None
-            manifest = {
-                "config": cfg.record(),
-                "optimizer": {**cfg.optimizer.settings(), **({"selection": selection} if selection else {})},
-                "metric": {"name": metric.name, "config": metric.config.to_dict(),
-                           "similarity_kind": metric.similarity_kind},
-                "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
-                "data": {**source.describe(),
-                         "situations": situations.describe() if situations is not None else None,
-                         "train_ids": [e.sample_id for e in splits.train],
-                         "val_ids": [e.sample_id for e in val], "dev_ids": [e.sample_id for e in splits.dev]},
+            manifest = Manifest(
+                name=cfg.name,
+                config=cfg.record(),
+                optimizer={**cfg.optimizer.settings(), **({"selection": selection} if selection else {})},
+                metric={"name": metric.name, "config": metric.config.to_dict(),
+                        "similarity_kind": metric.similarity_kind},
+                scores={"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
+                data={**source.describe(),
+                      "situations": situations.describe() if situations is not None else None,
+                      "train_ids": [e.sample_id for e in splits.train],
+                      "val_ids": [e.sample_id for e in val], "dev_ids": [e.sample_id for e in splits.dev]},
                 # The registry version is not known yet: MLflow records it (tag trace_dspy.registry_version).
-                "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
-                           "registered_model": cfg.registered_model if run is not None else None},
-                "command": cfg.command,
-                "retrieval": {**retrieval.to_dict(),
-                              "index": retriever.fingerprint if retriever is not None else None,
-                              "pool_items": len(retriever.items) if retriever is not None else 0},
-                "emotion_prior": prior_record,
-                # The scaffolded reply's openers, when this compile fitted them, with the scores they were
-                # ranked by (trace_dspy.optimize.openers); loading puts them back on the program.
-                "reply_openers": getattr(compiled, "opener_fit", None) or {"openers": None},
-                # The further plans a reply is written for, when this compile chose any, with the training
-                # table they were chosen by (trace_dspy.optimize.plans); loading puts them back.
-                "reply_plans": getattr(compiled, "plan_fit", None) or {"plans": []},
-            }
-            index_dir = None
-            if retriever is not None:
-                index_dir = retriever.save(tmp / "index")
+                mlflow={"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
+                        "registered_model": cfg.registered_model if run is not None else None},
+                command=cfg.command,
+            )
+            # The openers and plans the optimizer fitted come with the records of their fits
+            # (trace_dspy.optimize.openers, .plans); the index and the prior are saved as files.
+            fitted = compiled.parts.with_records(reply_openers=getattr(compiled, "opener_fit", None),
+                                                 reply_plans=getattr(compiled, "plan_fit", None))
             extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
-            if prior is not None:
-                from trace_dspy.program.emotion_prior import FILE_NAME
-
-                extra_files[FILE_NAME] = prior.save(tmp / FILE_NAME)
             # 1. save
-            folder, final_manifest = write_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
-                                                    extra_files=extra_files,
-                                                    extra_dirs={"index": index_dir} if index_dir else None)
+            folder, written = write_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
+                                             parts=fitted, extra_files=extra_files)
+            final_manifest = written.to_dict()
             registry_version, promoted = None, False
             if run is not None:
                 import mlflow
