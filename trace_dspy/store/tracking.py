@@ -317,3 +317,45 @@ def logged_or_warned(results):
         yield
     except Exception as exc:  # the results are on disk already; say so rather than lose them
         warn_not_logged(exc, results)
+
+
+# ---------------------------------------------------------------- what a compile run records
+
+
+def set_tags(tags: Mapping[str, str]) -> None:
+    """Set tags on the active run."""
+    import mlflow
+
+    mlflow.set_tags(dict(tags))
+
+
+def autolog_compiles() -> None:
+    """Have DSPy's autolog record the optimizer's compile (its candidate evaluations), without traces."""
+    import mlflow
+
+    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
+                        silent=True)
+
+
+@contextmanager
+def traced_run(**run_options: Any):
+    """:func:`mlflow_run`, with MLflow's traces going to the run's experiment; yields the run."""
+    import mlflow
+
+    with mlflow_run(**run_options) as run:
+        mlflow.set_experiment(experiment_id=run.info.experiment_id)
+        yield run
+
+
+def flush_traces() -> None:
+    """Wait for traces still being written (each flush waits on the writer's one-second poll)."""
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+
+
+def register_prompt(name: str, template: str, *, commit_message: str, tags: Mapping[str, str]) -> None:
+    """A new version of the prompt ``name`` in MLflow's prompt registry."""
+    import mlflow
+
+    mlflow.genai.register_prompt(name=name, template=template, commit_message=commit_message, tags=dict(tags))
