@@ -297,20 +297,13 @@ def _check_predictor_state(where: str, pname: str, entry: Any) -> None:
                     check_type(Path(where), f"{pname}.signature.fields[{i}].{key}", item[key], (str,))
 
 
-def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts: FittedParts | None = None,
-                  stage_lms=None, where: str = "program.json"):
-    """A TraceProgram built with its fitted parts and stage LMs, with a saved ``state`` loaded into it.
+def load_state(program: dspy.Module, state: dict[str, Any], *, where: str = "program.json") -> None:
+    """Load a saved ``state`` (``program.json``) into ``program``, checking its structure first.
 
-    The structure is checked: the predictors must be the program's, and each
-    one's demos and instructions must be within bounds. The parts come first:
-    the prior decides whether the emotion stage has its candidates field, as it
-    did when the state was saved.
+    The predictors must be the program's, and each one's demos and
+    instructions must be within bounds; ``ArtifactError`` names what is wrong.
+    LMs are never taken from a state file.
     """
-    from trace_dspy.program.pipeline import TraceProgram
-
-    program = TraceProgram(config, stage_lms=stage_lms, parts=parts)
-    if state is None:
-        return program
     expected = sorted(name for name, _ in program.named_predictors())
     found = sorted(k for k in state if k != "metadata")
     if expected != found:
@@ -319,11 +312,9 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts:
         entry = state[pname]
         _check_predictor_state(where, pname, entry)
         try:
-            # LMs come from the manifest's config, never from a state file.
             predictor.load_state({**entry, "lm": None})
         except Exception as exc:
             raise ArtifactError(f"{where}: predictor {pname!r} cannot be loaded: {exc}") from None
-    return program
 
 
 def _warn_on_drift(manifest: Manifest, where: Path) -> None:

@@ -19,12 +19,7 @@ import dspy
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.lm.specs import LMConfig, LMSet
 from trace_dspy.program.parts import FittedParts
-from trace_dspy.store.artifacts import (
-    build_program,
-    check_lm_trust,
-    locate,
-    read_artifact,
-)
+from trace_dspy.store.artifacts import check_lm_trust, load_state, locate, read_artifact
 from trace_dspy.store.manifest import Manifest
 
 
@@ -47,6 +42,21 @@ class LoadedProgram:
         return {"ref": self.ref, "path": str(self.path) if self.path else None,
                 "name": self.manifest.name if self.manifest else None,
                 "version": self.manifest.version if self.manifest else None}
+
+
+def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts: FittedParts | None = None,
+                  stage_lms=None, where: str = "program.json"):
+    """A TraceProgram built with its fitted parts and stage LMs, then given a saved ``state`` (checked).
+
+    The parts come first: the prior decides whether the emotion stage has its
+    candidates field, as it did when the state was saved.
+    """
+    from trace_dspy.program.pipeline import TraceProgram
+
+    program = TraceProgram(config, stage_lms=stage_lms, parts=parts)
+    if state is not None:
+        load_state(program, state, where=where)
+    return program
 
 
 def _load_artifact(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
