@@ -115,14 +115,14 @@ def test_artifacts_saved_before_the_option_keep_the_field_layout(tmp_path):
     import shutil
     from pathlib import Path
 
-    from trace_dspy.store.artifacts import load_folder
+    import trace_dspy
 
     shipped = Path(__file__).resolve().parents[1] / "artifacts" / "trace-dspy" / "v0001"
     folder = tmp_path / "v0001"
     shutil.copytree(shipped, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "reply_format" not in manifest["config"]["program"]
-    assert load_folder(folder, attach_lms=False).program.config.reply_format == "fields"
+    assert trace_dspy.load(str(folder), attach_lms=False).config.reply_format == "fields"
 
 
 def test_the_audit_note_reaches_the_writer_on_a_redo():
@@ -155,7 +155,8 @@ def test_with_reply_exemplars_the_writer_sees_the_retrieved_conversations_as_pro
 
 def test_reply_exemplars_config_and_old_artifacts(tmp_path):
     from trace_dspy.lm.specs import LMConfig
-    from trace_dspy.store.artifacts import load_folder, save_artifact
+    import trace_dspy
+    from trace_dspy.store.artifacts import save_artifact
 
     assert ProgramConfig().reply_exemplars is True
     assert ProgramConfig.from_dict(ProgramConfig(reply_exemplars=False).to_dict()).reply_exemplars is False
@@ -165,7 +166,7 @@ def test_reply_exemplars_config_and_old_artifacts(tmp_path):
     old = {"config": {"program": {k: v for k, v in ProgramConfig().to_dict().items() if k != "reply_exemplars"},
                       "lm": LMConfig().to_dict()}}
     folder = save_artifact(TraceProgram(ProgramConfig(prior_k=0)), old, root=tmp_path)
-    assert load_folder(folder, attach_lms=False).program.config.reply_exemplars is False
+    assert trace_dspy.load(str(folder), attach_lms=False).config.reply_exemplars is False
 
 
 @pytest.mark.parametrize(("raw", "prose"), [

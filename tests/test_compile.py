@@ -18,7 +18,6 @@ from trace_dspy.cli.compile import config_from_args, main
 from trace_dspy.core.config import ConfigError
 from trace_dspy.store.artifacts import (
     ArtifactError,
-    load_reference,
     save_artifact,
     versions,
 )
@@ -310,7 +309,7 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     assert v2["data"]["fingerprint"].startswith("sha256:") and v2["git_commit"] != ""
 
     def demos(ref):
-        return len(load_reference(ref).program.recognize_emotion.demos)
+        return len(trace_dspy.load(ref).recognize_emotion.demos)
 
     run_id = v2["mlflow"]["run_id"]
     assert demos(str(root / "trace-dspy/v0002")) == 2
@@ -320,7 +319,7 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
     assert demos("champion") == demos("models:/trace-dspy@champion")
     for bad in ("trace-dspy@v9", "nope@latest", "models:/trace-dspy/99", "runs:/0123456789abcdef", "trace-dspy@v"):
         with pytest.raises(ArtifactError):
-            load_reference(bad)
+            trace_dspy.load(bad)
     # The loaded program answers.
     lm, _ = fake_lm(reply_for)
     loaded = trace_dspy.load("trace-dspy@latest")  # LMs rebuilt from the manifest (faked here)
@@ -353,5 +352,5 @@ def test_the_retrieval_pool_is_the_whole_train_partition_and_ships_with_the_arti
     dev_ids = set(result.manifest["data"]["dev_ids"])
     items = json.loads((result.artifact / "index/items.json").read_text())["items"]
     assert not dev_ids & {i["id"] for i in items}  # dev never leaks into the exemplars
-    loaded = load_reference(str(result.artifact))
-    assert loaded.program.retriever is not None and len(loaded.program.retriever.items) == len(full.train)
+    loaded = trace_dspy.load(str(result.artifact))
+    assert loaded.retriever is not None and len(loaded.retriever.items) == len(full.train)

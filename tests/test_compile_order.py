@@ -104,11 +104,12 @@ def test_a_kill_after_each_step_leaves_a_consistent_state(tmp_path, step):
     if STEPS.index(step) >= 2:
         (version,) = state["versions"]
         assert version.run_id == run_id and version.tags["artifact_version"] == "1"
-        from trace_dspy.store.artifacts import load_reference
+        from trace_dspy.workflows.loading import load_for_run
+        from trace_dspy.workflows.settings import Settings
 
-        loaded = load_reference("models:/trace-dspy/1", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
-                                attach_lms=False)
-        assert loaded.manifest["mlflow"]["run_id"] == run_id
+        loaded = load_for_run("models:/trace-dspy/1", Settings(), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                              attach_lms=False)
+        assert loaded.manifest.mlflow["run_id"] == run_id
     else:
         assert state["versions"] == []
     # 4. champion only once promotion ran (the first compile always beats no champion)

@@ -21,7 +21,8 @@ from trace_dspy.program.emotion_prior import (
     fit_prior,
     format_candidates,
 )
-from trace_dspy.store.artifacts import ArtifactError, load_folder, save_artifact
+import trace_dspy
+from trace_dspy.store.artifacts import ArtifactError, save_artifact
 from trace_dspy.testing.fakes import fake_lm
 
 # Each label has its own words; a sample mixes two of them with filler, so the task is learnable, not trivial.
@@ -179,7 +180,7 @@ def test_artifacts_carry_the_prior_and_old_ones_load_without(prior, tmp_path, mo
                 "emotion_prior": {"file": ep.FILE_NAME, **prior.describe()}}
     prior.save(tmp_path / ep.FILE_NAME)
     folder = save_artifact(program, manifest, root=tmp_path / "a", extra_files={ep.FILE_NAME: tmp_path / ep.FILE_NAME})
-    loaded = load_folder(folder, attach_lms=False).program
+    loaded = trace_dspy.load(str(folder), attach_lms=False)
     assert loaded.emotion_prior is not None and loaded.emotion_prior.labels == prior.labels
     lm, engine = fake_lm()
     with dspy.context(lm=lm):
@@ -187,12 +188,12 @@ def test_artifacts_carry_the_prior_and_old_ones_load_without(prior, tmp_path, mo
     # The manifest says there is a prior but the file is gone: refused by name, not silently dropped.
     (folder / ep.FILE_NAME).unlink()
     with pytest.raises(ArtifactError, match="emotion prior"):
-        load_folder(folder, attach_lms=False)
+        trace_dspy.load(str(folder), attach_lms=False)
     # An artifact from before the prior (no prior_k in its config) loads without the candidates field and runs.
     old = {"config": {"program": {k: v for k, v in ProgramConfig(prior_k=0).to_dict().items() if k != "prior_k"},
                       "lm": LMConfig().to_dict()}}
     old_folder = save_artifact(TraceProgram(ProgramConfig(prior_k=0)), old, root=tmp_path / "b")
-    old_program = load_folder(old_folder, attach_lms=False).program
+    old_program = trace_dspy.load(str(old_folder), attach_lms=False)
     assert old_program.config.prior_k == 0
     assert "emotion_candidates" not in old_program.recognize_emotion.signature.input_fields
     with dspy.context(lm=lm):

@@ -12,7 +12,9 @@ import pytest
 import trace_dspy.lm.specs as lms_module
 from trace_dspy.cli.compile import config_from_args
 from trace_dspy.cli.inspect_artifact import main
-from trace_dspy.store.artifacts import load_reference, save_artifact
+from trace_dspy.store.artifacts import save_artifact
+from trace_dspy.workflows.loading import load_for_run
+from trace_dspy.workflows.settings import Settings
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.compile import run_compile
 
@@ -34,11 +36,11 @@ def built(tmp_path_factory):
                                 "--no-mlflow", "--threads", "1", "--artifacts-dir", str(root),
                                 "--config", str(config)])
         v1 = run_compile(cfg)
-        loaded = load_reference(str(v1.artifact))
+        loaded = load_for_run(str(v1.artifact), Settings())
     program = loaded.program
     program.generate_response.signature = program.generate_response.signature.with_instructions(NEW_REPLY_RULES)
     program.plan_strategy.demos = program.plan_strategy.demos * 3
-    keep = {k: v for k, v in loaded.manifest.items()
+    keep = {k: v for k, v in loaded.manifest.to_dict().items()
             if k not in ("schema_version", "name", "version", "created", "git_commit", "packages", "predictors")}
     scores = json.loads(json.dumps(keep["scores"]))
     scores["dev_after"]["empathy"] = scores["dev_after"]["empathy"] + 0.25

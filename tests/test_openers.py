@@ -13,7 +13,8 @@ from trace_dspy.lm.adapters import TONED_OPENERS, ChatReplyAdapter, check_opener
 from trace_dspy.optimize.openers import fit_openers, rank_openers
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.program.pipeline import stage_signature
-from trace_dspy.store.artifacts import ArtifactError, load_reference
+import trace_dspy
+from trace_dspy.store.artifacts import ArtifactError
 from trace_dspy.testing.fakes import fake_lm
 
 GOOD_NEWS = "Speaker: I won the lottery today, day {i}!"
@@ -174,13 +175,13 @@ def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_mod
     saved = manifest["reply_openers"]
     assert saved["items"] == 4 and set(saved["openers"]) == {"positive", "negative", "any"}
     assert manifest["optimizer"]["opener_items"] == 4
-    loaded = load_reference("trace-dspy@v1").program
+    loaded = trace_dspy.load("trace-dspy@v1")
     assert loaded.reply_openers == check_openers(saved["openers"])
     # Without the fit, the manifest says so and the program keeps the stock openers.
     assert main(argv) == 0  # off by default
     assert json.loads((tmp_path / "artifacts/trace-dspy/v0002/manifest.json").read_text())["reply_openers"] == {
         "openers": None}
-    assert load_reference("trace-dspy@v2").program.reply_openers is None
+    assert trace_dspy.load("trace-dspy@v2").reply_openers is None
     capsys.readouterr()
     assert inspect(["trace-dspy@v1"]) == 0 and inspect(["trace-dspy@v2"]) == 0
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  openers")]
@@ -191,4 +192,4 @@ def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_mod
     manifest["reply_openers"]["openers"]["any"] = {"XX": ["Wow"]}
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="reply_openers"):
-        load_reference("trace-dspy@v1")
+        trace_dspy.load("trace-dspy@v1")

@@ -12,7 +12,8 @@ from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import check_plans
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.optimize.plans import choose_plans, fit_plans
-from trace_dspy.store.artifacts import ArtifactError, load_reference
+import trace_dspy
+from trace_dspy.store.artifacts import ArtifactError
 from trace_dspy.testing.fakes import fake_lm
 
 
@@ -175,11 +176,11 @@ def test_the_compile_saves_the_plans_and_loading_restores_them(fake_models, tmp_
     saved = manifest["reply_plans"]
     assert saved["items"] == 4 and isinstance(saved["plans"], list) and len(saved["options"]) == 6
     assert manifest["optimizer"]["plan_items"] == 4
-    assert load_reference("trace-dspy@v1").program.reply_plans == check_plans(saved["plans"])
+    assert trace_dspy.load("trace-dspy@v1").reply_plans == check_plans(saved["plans"])
     assert main([*argv, "--plan-items", "0"]) == 0
     assert json.loads((tmp_path / "artifacts/trace-dspy/v0002/manifest.json").read_text())["reply_plans"] == {
         "plans": []}
-    assert load_reference("trace-dspy@v2").program.reply_plans == ()
+    assert trace_dspy.load("trace-dspy@v2").reply_plans == ()
     capsys.readouterr()
     assert inspect(["trace-dspy@v1"]) == 0 and inspect(["trace-dspy@v2"]) == 0
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  plans")]
@@ -189,4 +190,4 @@ def test_the_compile_saves_the_plans_and_loading_restores_them(fake_models, tmp_
     manifest["reply_plans"]["plans"] = ["EX+XX"]
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="reply_plans"):
-        load_reference("trace-dspy@v1")
+        trace_dspy.load("trace-dspy@v1")

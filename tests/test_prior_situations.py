@@ -243,7 +243,8 @@ def test_a_version_2_prior_predicts_as_it_did(tmp_path):
 
 def test_an_artifact_whose_prior_knows_no_situations_still_loads_and_runs(tmp_path, monkeypatch):
     from trace_dspy.lm.specs import LMConfig
-    from trace_dspy.store.artifacts import load_folder, save_artifact
+    import trace_dspy
+    from trace_dspy.store.artifacts import save_artifact
 
     path = _legacy_prior(tmp_path)
     old = EmotionPrior.load(path)
@@ -252,7 +253,7 @@ def test_an_artifact_whose_prior_knows_no_situations_still_loads_and_runs(tmp_pa
                 "emotion_prior": {"file": ep.FILE_NAME, "source": "fitted", **old.describe()}}
     folder = save_artifact(program, manifest, root=tmp_path / "a", extra_files={ep.FILE_NAME: path})
     monkeypatch.setattr(ep, "default_encoder", lambda: fake_encode)
-    loaded = load_folder(folder, attach_lms=False).program
+    loaded = trace_dspy.load(str(folder), attach_lms=False)
     assert loaded.emotion_prior.feature_version == 2 and "situations_fingerprint" not in loaded.emotion_prior.meta
     lm, _ = fake_lm()
     with dspy.context(lm=lm):
@@ -263,7 +264,7 @@ def test_an_artifact_whose_prior_knows_no_situations_still_loads_and_runs(tmp_pa
 
 def test_the_shipped_default_artifact_of_the_previous_prior_still_loads():
     folder = ROOT / "artifacts" / "trace-dspy" / "v0004"
-    from trace_dspy.store.artifacts import load_folder
+    import trace_dspy
 
-    prior = load_folder(folder, attach_lms=False).program.emotion_prior
+    prior = trace_dspy.load(str(folder), attach_lms=False).emotion_prior
     assert prior.feature_version == 2 and prior.spec.ngrams == 1 and len(prior.labels) == 32

@@ -11,26 +11,39 @@ __version__ = "0.1.0"
 __all__ = ["ProgramConfig", "TraceProgram", "__version__", "load"]
 
 
-def load(ref: str | None = None, **kwargs):
-    """Load a compiled program, ready to call: see :func:`trace_dspy.store.artifacts.load`.
+def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str | None = None,
+         attach_lms: bool = True, trust_lm: bool = False):
+    """Load a compiled program, ready to call.
 
-    ``ref``: an artifact folder or program.json, ``NAME@vN``, ``NAME@latest``,
-    ``champion``, ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` or ``runs:/RUN_ID``.
-    None: the program ``respond`` and ``chat`` run by default (the newest
-    artifact that did not do worse than the uncompiled program on its dev set,
-    else the uncompiled program on the embedded model and the seed set).
+    Args:
+        ref: an artifact folder or program.json, ``NAME@vN``, ``NAME@latest``, ``champion`` (the registry
+            alias), ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` or ``runs:/RUN_ID``. None: the program
+            ``respond`` and ``chat`` run by default (the newest artifact that did not do worse than the
+            uncompiled program on its dev set, else the uncompiled program on the embedded model and the
+            seed set).
+        lm_config: an ``LMConfig`` that replaces the models the artifact records.
+        root: where ``NAME@vN`` is looked up (default: ``$TRACE_DSPY_ARTIFACTS``, else ./artifacts, then the
+            checkout's).
+        tracking_uri: the MLflow store for ``champion``, ``models:/`` and ``runs:/``.
+        attach_lms: False leaves every stage on the LM in ``dspy.settings``.
+        trust_lm: use an endpoint or key variable the artifact records. Without it (or ``lm_config``), such
+            an artifact is refused with an ``ArtifactError``: endpoints and keys come from you.
+
+    Returns:
+        A ``TraceProgram``; call it with ``dialogue=...``.
+
+    Example:
+        >>> program = trace_dspy.load("trace-dspy@v5")
+        >>> program(dialogue="Speaker: I failed my driving test again.").response
     """
-    from trace_dspy.store.artifacts import load as _load
+    from trace_dspy.workflows.loading import default_reference, load_for_run
+    from trace_dspy.workflows.settings import Settings
 
     if ref is None:
-        from trace_dspy.workflows.loading import default_reference
-
         ref = default_reference()
-        if ref == "default":
-            from trace_dspy.workflows.loading import load_for_run
-            from trace_dspy.workflows.settings import Settings
-
-            if kwargs:
-                raise TypeError(f"load() of the uncompiled default takes no options, not {', '.join(kwargs)}")
-            return load_for_run("default", Settings(), announce_seed=False).program
-    return _load(ref, **kwargs)
+    if ref == "default" and (lm_config is not None or root is not None or trust_lm or not attach_lms):
+        raise TypeError("load() of the uncompiled default takes no options")
+    settings = Settings(lm_explicit=lm_config is not None, trust_artifact_lm=trust_lm,
+                        **({"lm": lm_config} if lm_config is not None else {}))
+    return load_for_run(ref, settings, tracking_uri=tracking_uri, root=root, attach_lms=attach_lms,
+                        announce_seed=False).program

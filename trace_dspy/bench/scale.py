@@ -39,10 +39,11 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
     """Each plain batch thread count, then one Spark session running the batch once per ``task_threads``
     value (rows one Spark task answers at once, ``TRACE_DSPY_THREADS``)."""
     from trace_dspy.lm.specs import LMConfig, LMSpec
-    from trace_dspy.store.artifacts import load_folder
     from trace_dspy.testing.server import FakeChatServer
     from trace_dspy.workflows.batch import respond_batch
+    from trace_dspy.workflows.loading import load_for_run
     from trace_dspy.workflows.serving import save_program_model
+    from trace_dspy.workflows.settings import Settings
     from trace_dspy.workflows.spark import lm_environment, respond_spark, spark_session
 
     os.environ.setdefault(KEY_VAR, "unused")
@@ -55,7 +56,7 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
         lm_config = LMConfig(default=LMSpec(model="openai/fake", api_base=server.api_base, api_key_env=KEY_VAR,
                                             cache=False))
         for n in threads:
-            loaded = load_folder(folder, lm_config=lm_config)
+            loaded = load_for_run(str(folder), Settings(lm=lm_config, lm_explicit=True))
             before = server.requests
             start = time.perf_counter()
             report = respond_batch(loaded.program, source, tmp / f"plain-{n}.jsonl", threads=n, lm=loaded.lms.default)

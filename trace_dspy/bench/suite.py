@@ -145,9 +145,9 @@ def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Se
         systems.append(System(f"compiled_{opt}", f"TraceProgram compiled with {opt} ({len(train)} train)",
                               compiled, time.perf_counter() - started, calls))
     for ref in artifacts:
-        from trace_dspy.store.artifacts import load_reference
+        from trace_dspy.workflows.loading import load_for_run
 
-        loaded = load_reference(ref)
+        loaded = load_for_run(ref, Settings())
         program = loaded.program
         if hasattr(program, "set_stage_lms"):  # same LM for every system
             program.set_stage_lms(stage_lms)

@@ -214,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             import readline  # noqa: F401  (line editing and history for input())
         except ImportError:
             pass
-        where = loaded.manifest.get("name")
-        program = f"{where}@v{loaded.manifest.get('version')}" if where else loaded.ref
+        program = loaded.label
         print(f"trace-dspy chat: program {program}, model {settings_model(loaded)}")
         print("Type the speaker's turn and press Enter; /help lists the commands, Ctrl-D leaves.")
     session = ChatSession(loaded.program, lm, show_stages=args.show_stages)

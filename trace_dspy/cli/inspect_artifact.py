@@ -23,9 +23,7 @@ import json
 import sys
 from typing import Any
 
-from trace_dspy.store.artifacts import (
-    ArtifactError,
-)
+from trace_dspy.store.errors import ArtifactError
 from trace_dspy.store.inspection import (
     SCORE_KEYS,
     Artifact,
@@ -35,8 +33,6 @@ from trace_dspy.store.inspection import (
 )
 
 # ---------------------------------------------------------------- one artifact
-
-
 
 
 def _settings(optimizer: dict[str, Any] | None) -> str:
@@ -90,41 +86,6 @@ def _program_switches(program: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _prior_line(prior: dict[str, Any] | None, program: dict[str, Any]) -> str:
-    """How the artifact decides the emotion, with the fitted prior's dev accuracy."""
-    k = program.get("prior_k", 0)
-    if not k:
-        return "LM alone (no emotion prior)"
-    if not prior or not prior.get("file"):
-        reason = (prior or {}).get("reason", "none was fitted")
-        return f"LM alone (prior_k {k}, but {reason})"
-    how = ("the prior decides on the embedded model, top 5 + LM elsewhere" if k == "auto"
-           else f"prior top {k} + LM")
-    return (f"{how}; prior dev accuracy {_num(prior.get('dev_accuracy'))} "
-            f"(group {_num(prior.get('dev_group_accuracy'))}, top-3 {_num(prior.get('dev_top3'))}) "
-            f"on {prior.get('dev_samples')} dev items, fitted on {prior.get('train_samples')}")
-
-
-def _openers_line(record: dict[str, Any] | None) -> str:
-    """The scaffolded reply's first opener per valence and mechanism, when the compile fitted them."""
-    openers = (record or {}).get("openers")
-    if not openers:
-        return "stock (not fitted)"
-    first = "; ".join(f"{valence}: " + ", ".join(f"{kind} {options[0]!r}" for kind, options in table.items())
-                      for valence, table in openers.items() if valence != "any")
-    return f"fitted on {record.get('items')} training dialogues; first {first}"
-
-
-def _plans_line(record: dict[str, Any] | None) -> str:
-    """The further reply plans, when the compile chose any, with the training scores they were chosen by."""
-    if not record or record.get("items") is None:
-        return "the LM's plan only (not fitted)"
-    plans = record.get("plans") or []
-    chosen = ", ".join(plans) if plans else "none"
-    return (f"the LM's plan + {chosen}: training score {_num(record.get('baseline'))} -> "
-            f"{_num(record.get('score'))} on {record.get('items')} dialogues")
-
-
 def render_summary(art: Artifact) -> str:
     s = summary(art)
     scores = s["scores"]
@@ -139,9 +100,7 @@ def render_summary(art: Artifact) -> str:
         ("data", f"{data.get('kind', '?')} {data.get('fingerprint', '')}".rstrip()
          + (f" ({data['train']} train, {data['dev']} dev)" if "train" in data and "dev" in data else "")),
         ("program", _program_switches((s["config"] or {}).get("program") or {})),
-        ("emotion", _prior_line(s["emotion_prior"], (s["config"] or {}).get("program") or {})),
-        ("openers", _openers_line(s.get("reply_openers"))),
-        ("plans", _plans_line(s.get("reply_plans"))),
+        *s["parts"].items(),
         ("models", _models(s["config"])),
         ("dspy", s["dspy"] or "-"),
         ("git commit", s["git_commit"] or "-"),
@@ -170,8 +129,6 @@ def render_summary(art: Artifact) -> str:
 
 
 # ---------------------------------------------------------------- two artifacts
-
-
 
 
 def _short(value: Any) -> str:

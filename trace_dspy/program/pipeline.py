@@ -18,16 +18,17 @@ import dspy
 
 from trace_dspy.core import spans
 from trace_dspy.core.config import STAGES, ProgramConfig
-from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
-from trace_dspy.core.labels import check_plans, ekman_group
+from trace_dspy.core.dialogue import normalize_dialogue
+from trace_dspy.core.labels import ekman_group
 from trace_dspy.core.stages import BY_NAME, REGISTRY
 from trace_dspy.lm.adapters import (
     ChatReplyAdapter,
     chat_reply_adapter,
-    check_openers,
     choose_adapter,
     is_constrained,
 )
+from trace_dspy.program.parts import FittedParts
+from trace_dspy.program.reflection import Reflection
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
@@ -63,7 +64,7 @@ def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
     return sig
 
 
-class TraceProgram(dspy.Module):
+class TraceProgram(Reflection, dspy.Module):
     """Emotion -> cause -> strategy -> reply, one typed predictor per stage.
 
     Call it with ``dialogue`` (a list of turns, or a string with one
@@ -78,11 +79,9 @@ class TraceProgram(dspy.Module):
     """
 
     def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None,
-                 retriever=None, emotion_prior=None):
+                 retriever=None, emotion_prior=None, *, parts: FittedParts | None = None):
         super().__init__()
         self.config = config or ProgramConfig()
-        # An ExemplarIndex (trace_dspy.data.retrieval); used when exemplars are not passed in.
-        self.retriever = retriever
         self._prior_encoder = None
         # Best-of-N reply reward: None = the default metric's reference-free score.
         self.reward_fn = None
@@ -90,58 +89,74 @@ class TraceProgram(dspy.Module):
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
-        # An EmotionPrior (trace_dspy.program.emotion_prior); offers recognize_emotion its top-k labels.
-        self.emotion_prior = emotion_prior
-        # The scaffolded reply's openers as a compile fitted them (valence -> mechanism -> openers, best first;
-        # trace_dspy.optimize.openers), saved in the artifact's manifest; None: the stock openers.
-        self.reply_openers = None
-        # Further plans (primary, secondary) that a compile found worth writing a reply for
-        # (trace_dspy.optimize.plans), saved in the manifest; the reply stage then writes one for the LM's plan
-        # and one for each of these, and keeps the best by the reply reward. Empty: the LM's plan only.
-        self.reply_plans = ()
+        # What a compile fitted (trace_dspy.program.parts): the exemplar index, the emotion prior, the scaffolded
+        # reply's openers and the further reply plans. ``retriever`` and ``emotion_prior`` are shorthands.
+        shorthand = {k: v for k, v in (("retriever", retriever), ("emotion_prior", emotion_prior)) if v is not None}
+        if "retriever" in shorthand:
+            shorthand["retrieval"] = shorthand.pop("retriever")
+        self._use_parts((parts or FittedParts()).replace(**shorthand) if shorthand else parts or FittedParts())
         self._stage_lms: dict[str, dspy.LM] = {}
         self.set_stage_lms(stage_lms or {})
 
     @property
+    def parts(self) -> FittedParts:
+        """The fitted parts this program was built with."""
+        return self._parts
+
+    def _use_parts(self, parts: FittedParts) -> None:
+        """Take ``parts``: the emotion stage has the candidates field only with a prior (so a program without one
+        sends the prompt it always did), and the scaffolded reply's adapter is built once with the openers."""
+        self._parts = parts
+        predictor = getattr(self, "recognize_emotion", None)
+        if predictor is not None:
+            want = self.config.prior_k != 0 and parts["emotion_prior"] is not None
+            has = "emotion_candidates" in predictor.signature.input_fields
+            if want and not has:
+                predictor.signature = predictor.signature.append(
+                    "emotion_candidates", dspy.InputField(desc=_CANDIDATES_DESC), type_=str)
+            elif has and not want:
+                predictor.signature = predictor.signature.delete("emotion_candidates")
+        openers = parts["reply_openers"]
+        self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
+                                                  openers=openers) if openers else None)
+
+    def with_parts(self, **values) -> TraceProgram:
+        """A copy of this program (demos, instructions, LMs) with some fitted parts replaced."""
+        new = self.deepcopy()
+        new._use_parts(self._parts.replace(**values))
+        return new
+
+    @property
+    def retriever(self):
+        """The exemplar index (``ExemplarIndex``); None: exemplars only when passed in."""
+        return self._parts["retrieval"]
+
+    @property
     def emotion_prior(self):
-        return self._emotion_prior
+        """The emotion classifier (``EmotionPrior``) that offers the emotion stage its top-k labels; or None."""
+        return self._parts["emotion_prior"]
 
     @emotion_prior.setter
     def emotion_prior(self, prior) -> None:
-        """Attach (or drop) the prior; the emotion stage has the candidates field only while one is attached,
-        so a program without a prior sends the prompt it always did."""
-        self._emotion_prior = prior
-        predictor = getattr(self, "recognize_emotion", None)
-        if predictor is None:
-            return
-        want = self.config.prior_k != 0 and prior is not None
-        has = "emotion_candidates" in predictor.signature.input_fields
-        if want and not has:
-            predictor.signature = predictor.signature.append(
-                "emotion_candidates", dspy.InputField(desc=_CANDIDATES_DESC), type_=str)
-        elif has and not want:
-            predictor.signature = predictor.signature.delete("emotion_candidates")
+        self._use_parts(self._parts.replace(emotion_prior=prior))
 
     @property
     def reply_openers(self):
-        return self._reply_openers
+        """The scaffolded reply's fitted openers (valence -> mechanism -> openers); None: the stock openers."""
+        return self._parts["reply_openers"]
 
     @reply_openers.setter
     def reply_openers(self, openers) -> None:
-        """Set (or drop, with None) fitted openers: checked once here, and the scaffolded reply's adapter is
-        built once with them, not on every reply call."""
-        self._reply_openers = check_openers(openers) if openers else None
-        self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
-                                                  openers=self._reply_openers) if self._reply_openers else None)
+        self._use_parts(self._parts.replace(reply_openers=openers))
 
     @property
     def reply_plans(self) -> tuple[tuple[str, str], ...]:
-        return self._reply_plans
+        """Further (primary, secondary) plans a reply is written for; the best reply by reward is kept."""
+        return self._parts["reply_plans"]
 
     @reply_plans.setter
     def reply_plans(self, plans) -> None:
-        """Set (or drop, with None or ()) the further plans a reply is written for; checked here."""
-        self._reply_plans = check_plans(plans or ())
+        self._use_parts(self._parts.replace(reply_plans=plans))
 
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
         unknown = set(stage_lms) - set(STAGES)
@@ -185,8 +200,8 @@ class TraceProgram(dspy.Module):
         # share the stage LMs: an LM is a connection, not program state.
         # The reward metric is a cache (keyed by the demo replies it guards against) holding scorers and a lock;
         # the fitted openers' adapter holds no per-call state.
-        for shared in (*self._stage_lms.values(), self.retriever, self._emotion_prior, self._prior_encoder,
-                       self.reward_fn, self._reward_metric, self._openers_adapter):
+        for shared in (*self._stage_lms.values(), self._parts, self._prior_encoder, self.reward_fn,
+                       self._reward_metric, self._openers_adapter):
             if shared is not None:
                 memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
@@ -355,7 +370,7 @@ class TraceProgram(dspy.Module):
         if stage == "recognize_emotion" and state.get("prior_label"):
             return dspy.Prediction(emotion=state["prior_label"])
         with self._stage_context(stage):
-            if stage == "generate_response" and self._reply_plans and "strategy" in inputs:
+            if stage == "generate_response" and self.reply_plans and "strategy" in inputs:
                 return self._plan_replies(predictor, inputs, state)
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
                 result, rewards = self._best_reply(predictor, inputs)
@@ -384,7 +399,7 @@ class TraceProgram(dspy.Module):
         tried: list[dict] = []
         best = None
         rewards_all: list[float] = []
-        for number, plan in enumerate(dict.fromkeys([own, *self._reply_plans])):
+        for number, plan in enumerate(dict.fromkeys([own, *self.reply_plans])):
             with spans.span(f"plan {'+'.join(plan)}", inputs={"strategy": plan[0], "secondary_strategy": plan[1]}) \
                     as sp:
                 try:
@@ -455,61 +470,6 @@ class TraceProgram(dspy.Module):
         if sampled is None or len(rewards) == 1:  # every sampled attempt failed: keep the first reply
             return first, rewards
         return (sampled, rewards) if max(rewards[1:]) > rewards[0] else (first, rewards)
-
-    def _reflect(self, pipeline: list[str], state: dict, outputs: dict) -> list[dict]:
-        """Audit, then redo the earliest faulty stage and everything after it; bounded rounds."""
-        audits = []
-        for round_ in range(1, self.config.reflection_rounds + 1):
-            with spans.span(f"reflection round {round_}") as sp:
-                redo = self._reflect_round(round_, pipeline, state, outputs, audits)
-                sp.set_outputs(audits[-1])
-            if redo is None:
-                break
-        state["revision_note"] = ""
-        return audits
-
-    def _reflect_round(self, round_: int, pipeline: list[str], state: dict, outputs: dict,
-                       audits: list[dict]) -> str | None:
-        """One audit; when it names a faulty stage, redo from there. Returns that stage (None: no redo)."""
-        verdict = self._call("reflect", state)
-        audit = {k: verdict[k] for k in self.reflect.signature.output_fields if k != "reasoning"}
-        checks = self._rule_checks(state)
-        audit.update(round=round_, rule_checks=checks)
-        named = [verdict.faulty_stage] if verdict.faulty_stage != "none" else []
-        named += [stage for stage, ok in (("analyze_cause", checks.get("spans_verbatim", True)),
-                                          ("generate_response", checks["no_advice"])) if not ok]
-        redo = self._earliest_enabled(named, pipeline)
-        audit["redo_from"] = redo
-        audits.append(audit)
-        if redo is None:
-            return None
-        notes = [verdict.critique] + [f"Rule broken: {name}." for name, ok in checks.items() if not ok]
-        state["revision_note"] = " ".join(n for n in notes if n)
-        self._run_stages(pipeline[pipeline.index(redo):], state, outputs, retrieve=False)
-        return redo
-
-    @staticmethod
-    def _earliest_enabled(named: list[str], pipeline: list[str]) -> str | None:
-        """The earliest named stage; a disabled one maps to the next stage that runs."""
-        order = list(STAGES)
-        candidates = []
-        for stage in named:
-            later = [s for s in pipeline if order.index(s) >= order.index(stage)]
-            if later:
-                candidates.append(later[0])
-        return min(candidates, key=order.index) if candidates else None
-
-    @staticmethod
-    def _rule_checks(state: dict) -> dict[str, bool]:
-        """What code can check without a model: quoted spans and advice."""
-        from trace_dspy.optimize.scorers import gives_advice
-
-        checks = {"no_advice": not gives_advice(state.get("response", ""))}
-        if "trigger_spans" in state:
-            spoken = " ".join(speaker_text(state["dialogue"]).split())
-            checks["spans_verbatim"] = bool(state["trigger_spans"]) and all(
-                " ".join(str(span).split()) in spoken for span in state["trigger_spans"])
-        return checks
 
 
 def _candidate_span(number: int, pred, reward: float) -> None:

@@ -21,7 +21,7 @@ import re
 import shutil
 import subprocess
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,16 +29,16 @@ from typing import Any
 import dspy
 
 from trace_dspy.core import env
-from trace_dspy.core.config import ConfigError, ProgramConfig
-from trace_dspy.lm.specs import LMConfig, LMSet
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.lm.specs import LMConfig
+from trace_dspy.program.parts import FittedParts, PartError
 from trace_dspy.store.errors import ArtifactError
+from trace_dspy.store.manifest import Manifest, check_type
 
-SCHEMA_VERSION = 1
 ENV_ROOT = env.ARTIFACTS
 DEFAULT_NAME = "trace-dspy"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
-REQUIRED_MANIFEST_KEYS = ("schema_version", "name", "version", "created", "config", "predictors")
 
 
 # The flag (and keyword) that lets an artifact's recorded endpoint and key variable be used.
@@ -133,26 +133,49 @@ def _clean_stale_tmp(folder: Path) -> None:
             continue
 
 
-def save_artifact(program: dspy.Module, manifest: dict[str, Any], **options: Any) -> Path:
+def save_artifact(program: dspy.Module, manifest: Manifest | dict[str, Any], **options: Any) -> Path:
     """Write a new immutable version; returns its folder (``write_artifact``, same options, also returns
     the manifest as written)."""
     return write_artifact(program, manifest, **options)[0]
 
 
+def _as_manifest(manifest: Manifest | dict[str, Any], name: str) -> Manifest:
+    """A manifest given as a dict of its fields (parts as top-level tables, as in the JSON) made typed."""
+    if isinstance(manifest, Manifest):
+        return manifest
+    from dataclasses import fields as fields_of
+
+    from trace_dspy.program.parts import part_names
+
+    known = {f.name for f in fields_of(Manifest)} - {"parts", "extra", "path", "name"}
+    return Manifest(name=name, **{k: v for k, v in manifest.items() if k in known},
+                    parts={k: manifest[k] for k in part_names() if k in manifest},
+                    extra={k: v for k, v in manifest.items() if k not in known and k not in part_names()
+                           and k != "name"})
+
+
 def write_artifact(
     program: dspy.Module,
-    manifest: dict[str, Any],
+    manifest: Manifest | dict[str, Any],
     *,
     name: str = DEFAULT_NAME,
     root: str | os.PathLike | None = None,
+    parts: FittedParts | None = None,
     extra_files: dict[str, Path] | None = None,
     extra_dirs: dict[str, Path] | None = None,
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, Manifest]:
     """Write a new immutable version: (its folder, the manifest as written, version number included).
 
-    The files go to a private temporary folder that is renamed into place in one step, so a crash leaves
-    either a complete version or none (a stale ``.tmp-*`` folder, removed by the next save).
+    ``manifest`` gets the name, version, creation time, git commit, package
+    versions and predictor names here; ``parts`` (the program's fitted parts)
+    are saved into the folder and their records put in the manifest. The files
+    go to a private temporary folder that is renamed into place in one step, so
+    a crash leaves either a complete version or none (a stale ``.tmp-*``
+    folder, removed by the next save).
     """
+    from dataclasses import replace
+
+    manifest = _as_manifest(manifest, name)
     folder = artifacts_root(root) / check_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     _clean_stale_tmp(folder)
@@ -161,27 +184,23 @@ def write_artifact(
     try:
         program.save(str(tmp / "program.json"))
         state = json.loads((tmp / "program.json").read_text())
+        if parts is not None:
+            manifest = replace(manifest, parts={**manifest.parts, **parts.save(tmp, program.config)})
         for name_, src in (extra_files or {}).items():
             shutil.copyfile(src, tmp / name_)
         for name_, src in (extra_dirs or {}).items():
             shutil.copytree(src, tmp / name_)
+        manifest = replace(manifest, name=name, git_commit=git_commit(), packages=package_versions(),
+                           predictors=tuple(sorted(k for k in state if k != "metadata")))
         for _attempt in range(1000):
             number = (versions(name, root) or [0])[-1] + 1
-            record = {
-                "schema_version": SCHEMA_VERSION,
-                "name": name,
-                "version": number,
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "git_commit": git_commit(),
-                "packages": package_versions(),
-                "predictors": sorted(k for k in state if k != "metadata"),
-                **manifest,
-            }
-            _write_json(tmp / "manifest.json", record)
+            record = replace(manifest, version=number,
+                             created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+            _write_json(tmp / "manifest.json", record.to_dict())
             target = version_dir(root, name, number)
             try:
                 os.rename(tmp, target)  # atomic; fails if another writer took the number
-                return target, record
+                return target, replace(record, path=target / "manifest.json")
             except OSError:
                 if not target.exists():
                     raise
@@ -191,20 +210,21 @@ def write_artifact(
         raise
 
 
-# ---------------------------------------------------------------- loading
+# ---------------------------------------------------------------- reading
 
 
-@dataclass
-class LoadedProgram:
-    program: dspy.Module
-    lms: LMSet
-    manifest: dict[str, Any] = field(default_factory=dict)
-    path: Path | None = None
-    ref: str = "default"
+@dataclass(frozen=True)
+class StoredArtifact:
+    """What an artifact folder holds, read and checked: the manifest, the program state and the fitted parts.
 
-    def describe(self) -> dict[str, Any]:
-        return {"ref": self.ref, "path": str(self.path) if self.path else None,
-                "name": self.manifest.get("name"), "version": self.manifest.get("version")}
+    No program is built and no LM is made here: ``trace_dspy.workflows.loading`` does both.
+    """
+
+    folder: Path
+    manifest: Manifest
+    config: ProgramConfig
+    state: dict[str, Any]
+    parts: FittedParts
 
 
 def _read_json_object(folder: Path, name: str, missing: str, max_bytes: int) -> dict[str, Any]:
@@ -227,50 +247,11 @@ def _read_json_object(folder: Path, name: str, missing: str, max_bytes: int) -> 
     return data
 
 
-# Manifest fields and the JSON types they must have (required ones first; None = may be null).
-_MANIFEST_SCHEMA: dict[str, tuple[type, ...]] = {
-    "schema_version": (int,), "name": (str,), "version": (int,), "created": (str,), "config": (dict,),
-    "predictors": (list,), "git_commit": (str, type(None)), "packages": (dict,), "optimizer": (dict,),
-    "metric": (dict,), "scores": (dict,), "data": (dict,), "mlflow": (dict,), "command": (str,),
-    "retrieval": (dict,), "emotion_prior": (dict,), "reply_openers": (dict,),
-    "reply_plans": (dict,),
-}
-
-
-def _check_type(path: Path, field_: str, value: Any, types: tuple[type, ...]) -> None:
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        names = " or ".join("null" if t is type(None) else {"dict": "object", "list": "list", "str": "text",
-                                                              "int": "integer"}.get(t.__name__, t.__name__)
-                            for t in types)
-        raise ArtifactError(path, field_, f"expected {names}, found {type(value).__name__}")
-
-
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest, checked against its schema (field by field)."""
-    path = folder / "manifest.json"
-    manifest = _read_json_object(folder, "manifest.json", "manifest.json is missing; not an artifact folder",
-                                 MAX_MANIFEST_BYTES)
-    missing = [k for k in REQUIRED_MANIFEST_KEYS if k not in manifest]
-    if missing:
-        raise ArtifactError(f"{path}: missing {', '.join(missing)}")
-    for key, types in _MANIFEST_SCHEMA.items():
-        if key in manifest:
-            _check_type(path, key, manifest[key], types)
-    if manifest["schema_version"] != SCHEMA_VERSION:
-        raise ArtifactError(f"{path}: schema version {manifest['schema_version']} is not "
-                            f"supported (this trace-dspy reads {SCHEMA_VERSION})")
-    for i, name in enumerate(manifest["predictors"]):
-        _check_type(path, f"predictors[{i}]", name, (str,))
-    for key in ("program", "lm"):
-        if manifest["config"].get(key) is not None:
-            _check_type(path, f"config.{key}", manifest["config"][key], (dict,))
-    for key, value in (manifest.get("packages") or {}).items():
-        _check_type(path, f"packages.{key}", value, (str,))
-    for table, key in (("retrieval", "index"), ("emotion_prior", "file")):
-        value = (manifest.get(table) or {}).get(key)
-        if value is not None and not isinstance(value, (str, bool)):
-            raise ArtifactError(path, f"{table}.{key}", f"expected text, found {type(value).__name__}")
-    return manifest
+def read_manifest(folder: Path) -> Manifest:
+    """The folder's manifest, checked field by field and migrated (``ArtifactError`` names the file and field)."""
+    raw = _read_json_object(folder, "manifest.json", "manifest.json is missing; not an artifact folder",
+                            MAX_MANIFEST_BYTES)
+    return Manifest.from_dict(raw, folder / "manifest.json")
 
 
 def read_program_state(folder: Path) -> dict[str, Any]:
@@ -301,34 +282,29 @@ def _check_predictor_state(where: str, pname: str, entry: Any) -> None:
         _check_demo(where, f"{pname}.demos[{i}]", demo)
     signature = entry.get("signature")
     if signature is not None:
-        _check_type(Path(where), f"{pname}.signature", signature, (dict,))
+        check_type(Path(where), f"{pname}.signature", signature, (dict,))
         instructions = signature.get("instructions")
         if instructions is not None:
-            _check_type(Path(where), f"{pname}.signature.instructions", instructions, (str,))
+            check_type(Path(where), f"{pname}.signature.instructions", instructions, (str,))
             if len(instructions) > MAX_TEXT_CHARS:
                 raise ArtifactError(where, f"{pname}.signature.instructions", "longer than "
                                                                               f"{MAX_TEXT_CHARS:,} characters")
         fields_ = signature.get("fields", [])
-        _check_type(Path(where), f"{pname}.signature.fields", fields_, (list,))
+        check_type(Path(where), f"{pname}.signature.fields", fields_, (list,))
         for i, item in enumerate(fields_):
-            _check_type(Path(where), f"{pname}.signature.fields[{i}]", item, (dict,))
+            check_type(Path(where), f"{pname}.signature.fields[{i}]", item, (dict,))
             for key in ("prefix", "description"):
                 if key in item:
-                    _check_type(Path(where), f"{pname}.signature.fields[{i}].{key}", item[key], (str,))
+                    check_type(Path(where), f"{pname}.signature.fields[{i}].{key}", item[key], (str,))
 
 
-def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where: str = "program.json",
-                  emotion_prior=None):
-    """Rebuild a TraceProgram and load a state into it, checking the structure.
+def load_state(program: dspy.Module, state: dict[str, Any], *, where: str = "program.json") -> None:
+    """Load a saved ``state`` (``program.json``) into ``program``, checking its structure first.
 
-    The prior is attached first: it decides whether the emotion stage has its
-    candidates field, as it did when the state was saved.
+    The predictors must be the program's, and each one's demos and
+    instructions must be within bounds; ``ArtifactError`` names what is wrong.
+    LMs are never taken from a state file.
     """
-    from trace_dspy.program.pipeline import TraceProgram
-
-    program = TraceProgram(config, emotion_prior=emotion_prior)
-    if state is None:
-        return program
     expected = sorted(name for name, _ in program.named_predictors())
     found = sorted(k for k in state if k != "metadata")
     if expected != found:
@@ -337,21 +313,19 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, where:
         entry = state[pname]
         _check_predictor_state(where, pname, entry)
         try:
-            # LMs come from the manifest's config, never from a state file.
             predictor.load_state({**entry, "lm": None})
         except Exception as exc:
             raise ArtifactError(f"{where}: predictor {pname!r} cannot be loaded: {exc}") from None
-    return program
 
 
-def _warn_on_drift(manifest: dict[str, Any], where: Path) -> None:
+def _warn_on_drift(manifest: Manifest, where: Path) -> None:
     import warnings
 
-    saved = (manifest.get("packages") or {}).get("dspy")
+    saved = manifest.packages.get("dspy")
     installed = package_versions().get("dspy")
     if saved and installed and saved != installed:
         warnings.warn(f"{where} was compiled with dspy {saved}; dspy {installed} is installed. "
-                      "Prompts may render differently; recompile if scores change.", stacklevel=3)
+                      "Prompts may render differently; recompile if scores change.", stacklevel=4)
 
 
 def check_lm_trust(recorded: LMConfig, manifest_path: Path) -> None:
@@ -372,97 +346,23 @@ def check_lm_trust(recorded: LMConfig, manifest_path: Path) -> None:
             "recorded ones if you made this artifact yourself"))
 
 
-def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | None = None,
-                attach_lms: bool = True, trust_lm: bool = False, timeout: float | None = None) -> LoadedProgram:
-    """Load one artifact folder.
+def read_artifact(folder: Path) -> StoredArtifact:
+    """Read and check one artifact folder: its manifest, program state and fitted parts.
 
-    Its recorded LM config is used only when ``lm_config`` is None, and then
-    only if it names no endpoint and no key variable, unless ``trust_lm``.
+    Raises ``ArtifactError`` naming the file (and field) that is missing or
+    damaged. Warns when the artifact was compiled with another dspy version.
     """
     manifest = read_manifest(folder)
     _warn_on_drift(manifest, folder)
     state = read_program_state(folder)
+    config = manifest.program_config()
+    manifest.lm_config()  # every recorded LM setting is checked before anything is built
     try:
-        saved_program = dict(manifest["config"].get("program") or {})
-        # Saved before reply_format existed: keep the field layout it was compiled with.
-        saved_program.setdefault("reply_format", "fields")
-        # Saved before the emotion prior existed: no candidates field in its stage.
-        saved_program.setdefault("prior_k", 0)
-        # ... and before Best-of-N replies: one reply, as it was evaluated.
-        saved_program.setdefault("best_of", 1)
-        # ... and before the chat writer saw the retrieved exemplars.
-        saved_program.setdefault("reply_exemplars", False)
-        config = ProgramConfig.from_dict(saved_program)
-    except (ConfigError, AttributeError, TypeError) as exc:
-        raise ArtifactError(f"{folder / 'manifest.json'}: invalid config: {exc}") from None
-    try:
-        # Type and bounds of every recorded LM setting (num_retries, timeout, api_base, local ...).
-        recorded_lm = LMConfig.from_dict(manifest["config"].get("lm"))
-    except (ConfigError, AttributeError, TypeError) as exc:
-        raise ArtifactError(folder / "manifest.json", "config.lm", f"invalid config: {exc}") from None
-    if lm_config is None and not trust_lm:
-        check_lm_trust(recorded_lm, folder / "manifest.json")
-    if timeout is not None:
-        recorded_lm = recorded_lm.with_timeout(timeout)
-    program = build_program(config, state, where=str(folder / "program.json"),
-                            emotion_prior=_load_prior(folder, manifest, config))
-    program.reply_openers = _load_openers(folder, manifest)
-    program.reply_plans = _load_plans(folder, manifest)
-    if config.retrieval.enabled and (folder / "index").is_dir():
-        from trace_dspy.data.retrieval import ExemplarIndex
-
-        try:
-            program.retriever = ExemplarIndex.load(folder / "index", root=folder)
-        except ConfigError as exc:
-            raise ArtifactError(str(exc)) from None
-    elif config.retrieval.enabled and manifest.get("retrieval", {}).get("index"):
-        raise ArtifactError(f"{folder}: the retrieval index (index/) is missing")
-    lms = LMSet(lm_config or recorded_lm)
-    if attach_lms:
-        program.set_stage_lms(lms.stage_lms())
-    return LoadedProgram(program, lms, manifest, folder, ref or str(folder))
-
-
-def _load_openers(folder: Path, manifest: dict[str, Any]):
-    """The scaffolded reply's fitted openers; None (the stock ones) for artifacts compiled without them."""
-    from trace_dspy.lm.adapters import check_openers
-
-    openers = (manifest.get("reply_openers") or {}).get("openers")
-    if openers is None:
-        return None
-    try:
-        return check_openers(openers)
-    except ValueError as exc:
-        raise ArtifactError(folder / "manifest.json", "reply_openers.openers", str(exc)) from None
-
-
-def _load_plans(folder: Path, manifest: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    """The further reply plans a compile chose; () (the LM's plan only) for artifacts compiled without them."""
-    from trace_dspy.core.labels import check_plans
-
-    plans = (manifest.get("reply_plans") or {}).get("plans")
-    if plans is None:
-        return ()
-    try:
-        return check_plans(plans)
-    except ValueError as exc:
-        raise ArtifactError(folder / "manifest.json", "reply_plans.plans", str(exc)) from None
-
-
-def _load_prior(folder: Path, manifest: dict[str, Any], config: ProgramConfig):
-    """The artifact's fitted emotion prior; None for artifacts compiled without one."""
-    from trace_dspy.program.emotion_prior import FILE_NAME, EmotionPrior, PriorError
-
-    path = folder / FILE_NAME
-    recorded = (manifest.get("emotion_prior") or {}).get("file")
-    if not os.path.lexists(path):
-        if recorded:
-            raise ArtifactError(f"{folder}: the emotion prior ({FILE_NAME}) is missing")
-        return None
-    try:
-        return EmotionPrior.load(path, root=folder)
-    except PriorError as exc:
-        raise ArtifactError(str(exc)) from None
+        parts = FittedParts.load(folder, manifest.parts, config)
+    except PartError as exc:
+        raise (ArtifactError(exc.file, exc.field, exc.reason) if exc.reason is not None
+               else ArtifactError(str(exc))) from None
+    return StoredArtifact(folder, manifest, config, state, parts)
 
 
 def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
@@ -499,33 +399,11 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
     )
 
 
-def load(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
-         tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False) -> dspy.Module:
-    """Load a compiled program, ready to call, from any reference.
-
-    ``ref``: an artifact folder or program.json; ``NAME@vN``; ``NAME@latest``;
-    ``champion`` (the registry alias); ``models:/NAME/VERSION`` or
-    ``models:/NAME@ALIAS``; ``runs:/RUN_ID``. The configured LMs from the
-    manifest are reattached unless ``lm_config`` replaces them; with
-    ``attach_lms=False`` the program uses whatever LM ``dspy.settings`` holds.
-
-    An artifact may say which model it was compiled for, but not where to send
-    requests or which key to read: one whose LM config names an ``api_base``
-    or an ``api_key_env`` is refused (``ArtifactError``) unless you pass
-    ``lm_config`` yourself or ``trust_lm=True``.
-    """
-    return load_reference(ref, lm_config=lm_config, root=root, tracking_uri=tracking_uri,
-                          attach_lms=attach_lms, trust_lm=trust_lm).program
-
-
-def load_reference(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
-                   tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False,
-                   timeout: float | None = None) -> LoadedProgram:
+def locate(ref: str, *, root: str | os.PathLike | None = None, tracking_uri: str | None = None) -> Path:
+    """The artifact folder of any load reference: a folder or program.json, ``NAME@vN``, ``NAME@latest``,
+    ``champion``, ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` or ``runs:/RUN_ID`` (fetched from MLflow)."""
     if ref == "champion" or ref.startswith(("models:/", "runs:/")):
         from trace_dspy.store.registry import fetch_artifact
 
-        folder = fetch_artifact(ref, tracking_uri=tracking_uri)
-    else:
-        folder = resolve_local(ref, root)
-    return load_folder(folder, lm_config=lm_config, ref=ref, attach_lms=attach_lms, trust_lm=trust_lm,
-                       timeout=timeout)
+        return fetch_artifact(ref, tracking_uri=tracking_uri)
+    return resolve_local(ref, root)

@@ -87,12 +87,12 @@ def dataset_identity(rows: Sequence[dict[str, Any]], dataset: dict[str, Any]) ->
             "source_type": "local", "source": json.dumps({**dataset, "items": len(rows)}, sort_keys=True)}
 
 
-def logged_model_id(manifest: dict[str, Any]) -> str | None:
+def logged_model_id(manifest) -> str | None:
     """The MLflow model that the compile of this artifact logged (None for the uncompiled program, for an
     artifact compiled without MLflow, or when its run is not in this tracking store)."""
     import mlflow
 
-    run_id = (manifest.get("mlflow") or {}).get("run_id")
+    run_id = manifest.mlflow.get("run_id") if manifest is not None else None
     if not run_id:
         return None
     try:
@@ -117,15 +117,10 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
     whatever the number of traces); a caller logging several evaluations of traces made earlier flushes
     once itself.
     """
-    import contextlib
-    import io
-    import logging
-
     from trace_dspy.lm.specs import offline_litellm
 
     offline_litellm()  # mlflow.genai imports LiteLLM, which would fetch its price list
     import mlflow
-    import pandas as pd
     from mlflow.genai.scorers import scorer
 
     rows = list(rows)
@@ -147,9 +142,23 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
         read.__name__ = name
         return scorer(read, name=name)
 
+    result = _quiet_evaluate(_traces_frame(traces, rows, dataset), [part(n) for n in names], model_id)
+    means = {}
+    for name in names:
+        value = result.metrics.get(f"{name}/mean")
+        if value is not None:
+            means[name] = float(value)
+    return means
+
+
+def _traces_frame(traces: list, rows: list[dict[str, Any]], dataset: dict[str, Any]):
+    """The evaluation's data: one trace per row, named after the dataset (its own name, digest and source
+    instead of MLflow's generic "dataset")."""
+    import pandas as pd
+
     data = pd.DataFrame({"trace": traces})
     identity = dataset_identity(rows, dataset)
-    try:  # the dataset's own name, digest and source instead of MLflow's generic "dataset"
+    try:
         from mlflow.genai.datasets.evaluation_dataset import compute_records_sha256
         from mlflow.utils.mlflow_tags import MLFLOW_GENAI_EVALUATE_DATASET_IDENTITY
 
@@ -157,23 +166,27 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
                                                                "records_sha256": compute_records_sha256(data)}
     except ImportError:
         pass
+    return data
+
+
+def _quiet_evaluate(data, scorers: list, model_id: str | None):
+    """``mlflow.genai.evaluate`` without its progress bar and UI hints (the caller prints its own table)."""
+    import contextlib
+    import io
+    import logging
+
+    import mlflow
+
     quiet = [logging.getLogger(n) for n in ("mlflow.genai", "mlflow.tracing", "mlflow.models.evaluation")]
     levels = [lg.level for lg in quiet]
     for lg in quiet:
         lg.setLevel(logging.ERROR)
-    # MLflow prints a progress bar and where to look in the UI; the caller prints its own table and run id.
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            result = mlflow.genai.evaluate(data=data, scorers=[part(n) for n in names], model_id=model_id)
+            return mlflow.genai.evaluate(data=data, scorers=scorers, model_id=model_id)
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
-    means = {}
-    for name in names:
-        value = result.metrics.get(f"{name}/mean")
-        if value is not None:
-            means[name] = float(value)
-    return means
 
 
 __all__ = ["SCORER_SUMMARY_KEYS", "dataset_identity", "log_evaluation", "logged_model_id", "row_scores"]

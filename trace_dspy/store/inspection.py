@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from trace_dspy.optimize.metric import HEADLINE_KEYS
-from trace_dspy.store.artifacts import read_manifest, read_program_state, resolve_local
+from trace_dspy.program.parts import FittedParts
+from trace_dspy.store.artifacts import locate, read_manifest, read_program_state
+from trace_dspy.store.manifest import Manifest
 
 # The scores shown by default, in this order; --json has all of them.
 SCORE_KEYS = HEADLINE_KEYS
@@ -24,12 +26,12 @@ _NOT_DIFFED = {"version", "created", "scores", "predictors"}
 class Artifact:
     ref: str
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     state: dict[str, Any]
 
     @property
     def label(self) -> str:
-        return f"{self.manifest.get('name')}@v{self.manifest.get('version')}"
+        return self.manifest.label
 
     def stages(self) -> dict[str, dict[str, Any]]:
         """name -> instructions, demos, field descriptions, in pipeline order when known."""
@@ -54,12 +56,7 @@ def _pipeline_order(names) -> list[str]:
 
 def open_artifact(ref: str, *, root: str | None = None, tracking_uri: str | None = None) -> Artifact:
     """Find an artifact by any load reference and read its two JSON files."""
-    if ref == "champion" or ref.startswith(("models:/", "runs:/")):
-        from trace_dspy.store.registry import fetch_artifact
-
-        folder = fetch_artifact(ref, tracking_uri=tracking_uri)
-    else:
-        folder = resolve_local(ref, root)
+    folder = locate(ref, root=root, tracking_uri=tracking_uri)
     manifest = read_manifest(folder)
     state = read_program_state(folder)
     return Artifact(ref, folder, manifest, state)
@@ -68,29 +65,31 @@ def open_artifact(ref: str, *, root: str | None = None, tracking_uri: str | None
 def summary(art: Artifact) -> dict[str, Any]:
     """Everything ``inspect REF`` shows, as plain data."""
     m = art.manifest
-    config = m.get("config") or {}
-    data = dict(m.get("data") or {})
+    config = m.config
+    data = dict(m.data)
     ids = {k: len(data.pop(k) or []) for k in ("train_ids", "dev_ids") if k in data}
     return {
         "ref": art.ref,
         "path": str(art.path),
-        "name": m.get("name"),
-        "version": m.get("version"),
-        "created": m.get("created"),
-        "optimizer": m.get("optimizer") or config.get("optimizer"),
-        "metric": m.get("metric"),
-        "scores": m.get("scores") or {},
+        "name": m.name,
+        "version": m.version,
+        "created": m.created,
+        "optimizer": m.optimizer or config.get("optimizer"),
+        "metric": m.metric or None,
+        "scores": m.scores,
         "data": {**data, **{k.replace("_ids", ""): n for k, n in ids.items()}},
         "config": {k: config.get(k) for k in ("program", "lm", "data", "run") if k in config},
-        "retrieval": m.get("retrieval"),
-        "emotion_prior": m.get("emotion_prior"),
-        "reply_openers": {k: v for k, v in (m.get("reply_openers") or {}).items() if k != "scores"} or None,
-        "reply_plans": {k: v for k, v in (m.get("reply_plans") or {}).items() if k != "options"} or None,
-        "dspy": (m.get("packages") or {}).get("dspy"),
-        "packages": m.get("packages") or {},
-        "git_commit": m.get("git_commit"),
-        "mlflow": m.get("mlflow") or {},
-        "command": m.get("command"),
+        "retrieval": m.parts.get("retrieval"),
+        "emotion_prior": m.parts.get("emotion_prior"),
+        "reply_openers": {k: v for k, v in m.part("reply_openers").items() if k != "scores"} or None,
+        "reply_plans": {k: v for k, v in m.part("reply_plans").items() if k != "options"} or None,
+        "parts": FittedParts.describe(m.parts, config.get("program") or {}),
+        "champion": m.champion,
+        "dspy": m.packages.get("dspy"),
+        "packages": m.packages,
+        "git_commit": m.git_commit,
+        "mlflow": m.mlflow,
+        "command": m.command,
         "stages": {name: {"instructions": s["instructions"], "demos": len(s["demos"])}
                    for name, s in art.stages().items()},
     }
@@ -131,17 +130,16 @@ def diff(a: Artifact, b: Artifact) -> dict[str, Any]:
             "demos_dropped": sum((keys_a - keys_b).values()),
             "fields_changed": sa["fields"] != sb["fields"],
         }
-    flat_a = _flatten({k: v for k, v in a.manifest.items() if k not in _NOT_DIFFED})
-    flat_b = _flatten({k: v for k, v in b.manifest.items() if k not in _NOT_DIFFED})
+    flat_a = _flatten({k: v for k, v in a.manifest.to_dict().items() if k not in _NOT_DIFFED})
+    flat_b = _flatten({k: v for k, v in b.manifest.to_dict().items() if k not in _NOT_DIFFED})
     manifest = {k: [flat_a.get(k), flat_b.get(k)] for k in sorted(set(flat_a) | set(flat_b))
                 if flat_a.get(k) != flat_b.get(k)}
     scores = {}
     for split in ("dev_before", "dev_after"):
-        sa = (a.manifest.get("scores") or {}).get(split) or {}
-        sb = (b.manifest.get("scores") or {}).get(split) or {}
+        sa, sb = a.manifest.dev_score(split), b.manifest.dev_score(split)
         scores[split] = {k: [sa.get(k), sb.get(k)] for k in sorted(set(sa) | set(sb))
                          if isinstance(sa.get(k, sb.get(k)), (int, float))}
-    data_a, data_b = a.manifest.get("data") or {}, b.manifest.get("data") or {}
+    data_a, data_b = a.manifest.data, b.manifest.data
     same_dev = (data_a.get("fingerprint") == data_b.get("fingerprint")
                 and data_a.get("dev_ids") == data_b.get("dev_ids"))
     return {"from": summary_head(a), "to": summary_head(b), "stages": stages, "manifest": manifest,
@@ -149,5 +147,5 @@ def diff(a: Artifact, b: Artifact) -> dict[str, Any]:
 
 
 def summary_head(art: Artifact) -> dict[str, Any]:
-    return {"ref": art.ref, "path": str(art.path), "name": art.manifest.get("name"),
-            "version": art.manifest.get("version"), "created": art.manifest.get("created")}
+    return {"ref": art.ref, "path": str(art.path), "name": art.manifest.name,
+            "version": art.manifest.version, "created": art.manifest.created}

@@ -6,9 +6,11 @@ source is the compile run's MLflow model: a pyfunc logged from code
 artifact folder (program.json, manifest.json, the prior and the index; no
 pickle), so that ``mlflow.pyfunc.load_model``, ``mlflow models serve`` and
 ``spark_udf`` run it. Versions registered before that point at the run's
-``artifact/`` folder; both kinds load. Each version carries the dev score as a
-tag; the alias ``champion`` moves to a new version only when that score beats
-the current champion's.
+``artifact/`` folder; both kinds load. Each version carries the dev score and
+the fingerprint of the dev items and metric it is on as tags; the alias
+``champion`` moves to a new version only when it beats the current champion
+on the same dev items under the same metric (the compile scores the champion
+on its own dev set when the two differ, and records both scores).
 
 MLflow's own loaders (``mlflow.pyfunc.load_model``, ``mlflow models serve``,
 ``spark_udf``) run the model's logged code file, so a model whose files were
@@ -32,6 +34,8 @@ from trace_dspy.store.tracking import resolve_tracking_uri
 DEFAULT_MODEL = "trace-dspy"
 CHAMPION = "champion"
 SCORE_TAG = "dev_empathy"
+# The dev items and metric a version's score is on (trace_dspy.workflows.compile); scores compare only when equal.
+DEV_TAG = "dev_fingerprint"
 ARTIFACT_SUBDIR = "artifact"
 DIGEST_TAG = "trace_dspy.files_sha256"
 # MLflow's longest tag value on a logged model; a longer record keeps one digest of the whole tree.
@@ -152,6 +156,13 @@ def register_version(run_id: str, artifact_uri: str, score: float, *, model: str
 
 def champion(model: str = DEFAULT_MODEL, *, tracking_uri: str | None = None) -> tuple[int, float] | None:
     """(version, dev score) of the current champion, or None."""
+    record = champion_record(model, tracking_uri=tracking_uri)
+    return (record["version"], record["score"]) if record is not None else None
+
+
+def champion_record(model: str = DEFAULT_MODEL, *, tracking_uri: str | None = None) -> dict | None:
+    """The current champion: ``version``, ``score`` (its dev score) and ``dev_fingerprint`` (the dev items and
+    metric that score is on; None for versions registered before it was recorded); None without a champion."""
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
@@ -159,15 +170,48 @@ def champion(model: str = DEFAULT_MODEL, *, tracking_uri: str | None = None) -> 
         mv = client.get_model_version_by_alias(model, CHAMPION)
     except MlflowException:
         return None
-    return int(mv.version), float(mv.tags.get(SCORE_TAG, "-inf"))
+    tags = mv.tags or {}
+    return {"version": int(mv.version), "score": float(tags.get(SCORE_TAG, "-inf")),
+            "dev_fingerprint": tags.get(DEV_TAG)}
 
 
-def promote_if_better(version: int, score: float, *, model: str = DEFAULT_MODEL,
-                      tracking_uri: str | None = None) -> bool:
-    """Point ``champion`` at ``version`` if its score beats the current champion's (strictly)."""
-    current = champion(model, tracking_uri=tracking_uri)
-    if current is not None and not score > current[1]:
-        return False
+def comparison_tags(dev_fingerprint: str, comparison: dict | None) -> dict[str, str]:
+    """Registry tags for a new version: its dev fingerprint and, when there was a champion, the champion's
+    version, its score on the same dev items and the fingerprint of the dev set it was first scored on."""
+    tags = {DEV_TAG: dev_fingerprint}
+    if comparison is not None:
+        tags.update({"champion_version": str(comparison["version"]),
+                     "champion_dev_empathy": repr(comparison.get("score")),
+                     "champion_dev_fingerprint": str(comparison.get("dev_fingerprint"))})
+    return tags
+
+
+def promote_if_better(version: int, score: float, *, model: str = DEFAULT_MODEL, tracking_uri: str | None = None,
+                      dev_fingerprint: str | None = None, comparison: dict | None = None) -> bool:
+    """Point ``champion`` at ``version`` if it beats the current champion (strictly) on the same dev items
+    under the same metric.
+
+    Args:
+        version, score: the new registry version and its dev score.
+        dev_fingerprint: what ``score`` was measured on (dev items and metric).
+        comparison: the current champion scored on those same items (``score``; None when it could not be
+            loaded, and then the new version replaces it), as the compile measured it.
+
+    The champion's recorded score is used only when it was measured on the same
+    dev fingerprint; otherwise ``comparison`` must hold its score on this dev set
+    for the same champion version, else the champion stays (returns False).
+    """
+    current = champion_record(model, tracking_uri=tracking_uri)
+    if current is not None:
+        if current["dev_fingerprint"] == dev_fingerprint:
+            theirs = current["score"]
+        elif comparison is not None and comparison.get("version") == current["version"]:
+            theirs = comparison.get("score")
+            theirs = float("-inf") if theirs is None else theirs
+        else:
+            return False  # no score of the champion on these dev items: no fair comparison
+        if not score > theirs:
+            return False
     _client(tracking_uri).set_registered_model_alias(model, CHAMPION, str(version))
     return True
 

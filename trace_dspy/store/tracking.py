@@ -319,6 +319,41 @@ def logged_or_warned(results):
         warn_not_logged(exc, results)
 
 
+# ---------------------------------------------------------------- what a compile run records
+
+
+def set_tags(tags: Mapping[str, str]) -> None:
+    """Set tags on the active run."""
+    import mlflow
+
+    mlflow.set_tags(dict(tags))
+
+
+def autolog_compiles() -> None:
+    """Have DSPy's autolog record the optimizer's compile (its candidate evaluations), without traces."""
+    import mlflow
+
+    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
+                        silent=True)
+
+
+@contextmanager
+def traced_run(**run_options: Any):
+    """:func:`mlflow_run`, with MLflow's traces going to the run's experiment; yields the run."""
+    import mlflow
+
+    with mlflow_run(**run_options) as run:
+        mlflow.set_experiment(experiment_id=run.info.experiment_id)
+        yield run
+
+
+def register_prompt(name: str, template: str, *, commit_message: str, tags: Mapping[str, str]) -> None:
+    """A new version of the prompt ``name`` in MLflow's prompt registry."""
+    import mlflow
+
+    mlflow.genai.register_prompt(name=name, template=template, commit_message=commit_message, tags=dict(tags))
+
+
 # ---------------------------------------------------------------- traces: spans and their redaction
 # The recording side of trace_dspy.core.spans, which decides when a span is recorded and what it holds.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import sys
 import tempfile
 import time
@@ -17,9 +18,11 @@ from trace_dspy.core.config import DataConfig
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.metric import DELTA_KEYS
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+from trace_dspy.store.manifest import Manifest
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.evaluation import (
     TABLE_KEYS,
+    FailureRateExceeded,
     build_metric,
     evaluate_program,
     format_table,
@@ -95,162 +98,243 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@dataclass
+class _Prepared:
+    """What the prepare phase made: the one split, the program with its fitted parts, its LMs and metric."""
+
+    source: Any
+    situations: Any
+    pool_train: list
+    train: list
+    val: list
+    dev: list
+    lms: Any
+    metric: Any
+    program: Any
+
+    def dev_fingerprint(self) -> str:
+        """The dev items and the metric they are scored under: two scores compare only when this is equal."""
+        import hashlib
+        import json
+
+        key = [self.source.fingerprint, sorted(str(e.sample_id) for e in self.dev), self.metric.signature]
+        return "dev:" + hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Evaluated:
+    """What the optimize-and-evaluate phase found: both dev evaluations, the compiled program, the champion."""
+
+    before: Any
+    after: Any
+    compiled: Any
+    selection: list | None
+    improved: bool
+    champion: dict[str, Any] | None = None
+
+
 def run_compile(cfg: CompileConfig) -> CompileResult:
+    """Compile in four phases: prepare, optimize and evaluate, persist, track (see each ``_phase``)."""
+    started = time.perf_counter()
+    prep = _prepare(cfg)
+    with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp, _mlflow_context(cfg) as run:
+        tmp = Path(tmp)
+        evaluated = _optimize_and_evaluate(cfg, prep, tmp, run)
+        _log("4/4 saving, logging and registering")
+        # The order keeps every crash point consistent: the artifact is complete before MLflow hears of
+        # it, the run holds its files before a registry version points at them, and only a registered
+        # version can become champion. (tests/test_compile_order.py kills the command between the steps.)
+        folder, manifest = _persist(cfg, prep, evaluated, tmp, run)
+        registry_version, promoted = _track(cfg, prep, evaluated, folder, manifest, run) if run else (None, False)
+    return CompileResult(evaluated.before.summary, evaluated.after.summary, folder, manifest.to_dict(),
+                         manifest.mlflow.get("run_id"), registry_version, promoted, time.perf_counter() - started)
+
+
+def _prepare(cfg: CompileConfig) -> _Prepared:
+    """Split the data once (the train sample, the selection set, the dev sample and the exemplar pool all come
+    from it, and the prior is fitted on the same partition), fit the parts, build the program and the metric."""
+    from trace_dspy.data.retrieval import cached_index
     from trace_dspy.data.situations import resolve_situations
     from trace_dspy.lm.specs import LMSet
+    from trace_dspy.program.parts import FittedParts
     from trace_dspy.program.pipeline import TraceProgram
-    from trace_dspy.store.artifacts import write_artifact
+    from trace_dspy.workflows.prior import DEV_FRACTION
 
-    started = time.perf_counter()
     situations = resolve_situations(cfg.situations)  # a bad file stops the compile before any work
-    splits = load_splits(cfg.data, seed=cfg.seed, train_size=cfg.train, dev_size=cfg.dev)
-    source = splits.source
-    val = selection_set(source, splits.train, cfg.val, seed=cfg.seed)
-    _log(f"data: {source.kind} {source.location}: {len(splits.train)} train, {len(val)} selection, "
-         f"{len(splits.dev)} dev examples")
+    full = load_splits(cfg.data, seed=cfg.seed, dev_fraction=DEV_FRACTION)
+    rng = random.Random(cfg.seed)  # the train sample, then the dev sample (as load_splits draws them)
+    train, dev = _sample(full.train, cfg.train, rng), _sample(full.dev, cfg.dev, rng)
+    source = full.source
+    val = selection_set(source, train, cfg.val, seed=cfg.seed, pool=full.train)
+    _log(f"data: {source.kind} {source.location}: {len(train)} train, {len(val)} selection, "
+         f"{len(dev)} dev examples")
     lms = LMSet(cfg.settings.lm)
-    from trace_dspy.data.retrieval import cached_index
-
     retrieval = cfg.settings.program.retrieval
-    retriever = None
-    if retrieval.enabled:
-        # Exemplars come from the whole training partition (never dev), not just the sampled train set.
-        pool = load_splits(source, seed=cfg.seed).train
-        retriever = cached_index(pool, retrieval, source.fingerprint)
+    # Exemplars come from the whole training partition (never dev), not just the sampled train set.
+    retriever = cached_index(full.train, retrieval, source.fingerprint) if retrieval.enabled else None
     prior, prior_record = _fit_prior(cfg, source, situations)
-    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), retriever=retriever,
-                           emotion_prior=prior)
+    parts = FittedParts({"retrieval": retriever, "emotion_prior": prior}, {"emotion_prior": prior_record})
+    program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), parts=parts)
     metric = build_metric(cfg.settings, lms)
     # Training replies are what demos show the model: a dev reply that copies one scores 0.
-    metric.add_copy_sources(e.response for e in splits.train)
-    prompt_lm = lms.role("prompt")
-
-    with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp:
-        tmp = Path(tmp)
-        run_ctx = _mlflow_context(cfg)
-        with run_ctx as run:
-            _log("1/4 evaluating the uncompiled program on dev")
-            before = evaluate_program(program, splits.dev, metric, lm=lms.default, threads=cfg.threads,
-                                      results_path=tmp / "dev_before.jsonl", max_failure_rate=cfg.max_failure_rate,
-                                      desc="dev before", trace=run is not None and cfg.trace)
-            _log(f"2/4 compiling with {cfg.optimizer.name}")
-            with dspy.context(lm=lms.default):
-                try:
-                    compiled = compile_program(cfg.optimizer, program, metric, splits.train, val,
-                                               prompt_lm=prompt_lm, log=_log)
-                except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
-                    first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
-                    raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
-                                        f"{first}") from exc
-            selection = getattr(compiled, "selection", None)
-            if selection:
-                _log("selection scores: " + ", ".join(
-                    f"{c['candidate']} {c['score']:.3f}{' (chosen)' if c['chosen'] else ''}" for c in selection))
-            _log("3/4 evaluating the compiled program on dev")
-            after = evaluate_program(compiled, splits.dev, metric, lm=lms.default, threads=cfg.threads,
-                                     results_path=tmp / "dev_after.jsonl", max_failure_rate=cfg.max_failure_rate,
-                                     desc="dev after", reference_dist2=before.summary.get("dist2"),
-                                     trace=run is not None and cfg.trace)
-            improved = not_worse_than_uncompiled(before.summary, after.summary)
-            if after.summary.get("collapsed"):
-                _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
-                     "it is saved, but it will not become champion")
-            elif not improved:
-                _log(f"NOTE: the compiled program scores {after.score:.3f} on dev, below the uncompiled "
-                     f"program's {before.score:.3f}; it is saved, but it will not become champion, and respond "
-                     "and chat keep their default program")
-            _log("4/4 saving, logging and registering")
-            # The order keeps every crash point consistent: the artifact is complete before MLflow hears of
-            # it, the run holds its files before a registry version points at them, and only a registered
-            # version can become champion. (tests/test_compile.py kills the command between the steps.)
-            run_id = run.info.run_id if run is not None else None
-            manifest = {
-                "config": cfg.record(),
-                "optimizer": {**cfg.optimizer.settings(), **({"selection": selection} if selection else {})},
-                "metric": {"name": metric.name, "config": metric.config.to_dict(),
-                           "similarity_kind": metric.similarity_kind},
-                "scores": {"dev_before": _scalars(before.summary), "dev_after": _scalars(after.summary)},
-                "data": {**source.describe(),
-                         "situations": situations.describe() if situations is not None else None,
-                         "train_ids": [e.sample_id for e in splits.train],
-                         "val_ids": [e.sample_id for e in val], "dev_ids": [e.sample_id for e in splits.dev]},
-                # The registry version is not known yet: MLflow records it (tag trace_dspy.registry_version).
-                "mlflow": {"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
-                           "registered_model": cfg.registered_model if run is not None else None},
-                "command": cfg.command,
-                "retrieval": {**retrieval.to_dict(),
-                              "index": retriever.fingerprint if retriever is not None else None,
-                              "pool_items": len(retriever.items) if retriever is not None else 0},
-                "emotion_prior": prior_record,
-                # The scaffolded reply's openers, when this compile fitted them, with the scores they were
-                # ranked by (trace_dspy.optimize.openers); loading puts them back on the program.
-                "reply_openers": getattr(compiled, "opener_fit", None) or {"openers": None},
-                # The further plans a reply is written for, when this compile chose any, with the training
-                # table they were chosen by (trace_dspy.optimize.plans); loading puts them back.
-                "reply_plans": getattr(compiled, "plan_fit", None) or {"plans": []},
-            }
-            index_dir = None
-            if retriever is not None:
-                index_dir = retriever.save(tmp / "index")
-            extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
-            if prior is not None:
-                from trace_dspy.program.emotion_prior import FILE_NAME
-
-                extra_files[FILE_NAME] = prior.save(tmp / FILE_NAME)
-            # 1. save
-            folder, final_manifest = write_artifact(compiled, manifest, name=cfg.name, root=cfg.artifacts_dir,
-                                                    extra_files=extra_files,
-                                                    extra_dirs={"index": index_dir} if index_dir else None)
-            registry_version, promoted = None, False
-            if run is not None:
-                import mlflow
-
-                from trace_dspy.store.registry import (
-                    promote_if_better,
-                    register_version,
-                )
-                from trace_dspy.store.tracking import wait_for_store
-
-                # A store another process keeps locked: one bounded wait, then an error that names the saved version.
-                wait_for_store(cfg.tracking_uri, saved=f"the artifact {cfg.name}@v{final_manifest['version']} is saved "
-                                                      f"in {folder}")
-                mlflow.set_tags({"trace_dspy.artifact": f"{cfg.name}@v{final_manifest['version']}",
-                                 "trace_dspy.collapsed": str(bool(after.summary.get("collapsed")))})
-                # 2. log: params, metrics, the artifact's files and the pyfunc model that carries them
-                model_info = _log_run(cfg, folder, before.summary, after.summary)
-                # 3. register a version whose source is the logged model
-                registry_version = register_version(run_id, run.info.artifact_uri, after.score,
-                                                    model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
-                                                    tags={"artifact_name": cfg.name,
-                                                          "artifact_version": str(final_manifest["version"])},
-                                                    model_uri=model_info.model_uri, model_id=model_info.model_id)
-                mlflow.set_tag("trace_dspy.registry_version", str(registry_version))
-                # The dev evaluations as MLflow evaluation runs, and the compiled instructions as prompts
-                # (a failure here is reported, and the compile's result stands).
-                if cfg.trace:
-                    _log_evaluation_runs(cfg, source, before.rows, after.rows, model_info.model_id)
-                _register_prompts(cfg, compiled, final_manifest["version"])
-                # 4. promote, if it is not worse than the uncompiled program (nor collapsed) and beats the champion
-                promoted = improved and promote_if_better(
-                    registry_version, after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri)
-                mlflow.set_tag("trace_dspy.champion", str(promoted))
-    return CompileResult(before.summary, after.summary, folder, final_manifest, run_id, registry_version, promoted,
-                         time.perf_counter() - started)
+    metric.add_copy_sources(e.response for e in train)
+    return _Prepared(source, situations, full.train, train, val, dev, lms, metric, program)
 
 
-def selection_set(source, train: list, size: int, *, seed: int = 0) -> list:
+def _sample(items: list, n: int | None, rng: random.Random) -> list:
+    """``n`` of ``items`` in their order, drawn with ``rng`` (all of them when ``n`` is None or not smaller)."""
+    if n is None or n >= len(items):
+        return list(items)
+    return [items[i] for i in sorted(rng.sample(range(len(items)), n))]
+
+
+def _evaluate(cfg: CompileConfig, prep: _Prepared, program, path: Path, desc: str, *, trace: bool,
+              reference_dist2: float | None = None):
+    return evaluate_program(program, prep.dev, prep.metric, lm=prep.lms.default, threads=cfg.threads,
+                            results_path=path, max_failure_rate=cfg.max_failure_rate, desc=desc,
+                            reference_dist2=reference_dist2, trace=trace)
+
+
+def _optimize_and_evaluate(cfg: CompileConfig, prep: _Prepared, tmp: Path, run) -> _Evaluated:
+    """Score the uncompiled program on dev, compile it, score the result on the same items; then the champion."""
+    traced = run is not None and cfg.trace
+    _log("1/4 evaluating the uncompiled program on dev")
+    before = _evaluate(cfg, prep, prep.program, tmp / "dev_before.jsonl", "dev before", trace=traced)
+    _log(f"2/4 compiling with {cfg.optimizer.name}")
+    with dspy.context(lm=prep.lms.default):
+        try:
+            compiled = compile_program(cfg.optimizer, prep.program, prep.metric, prep.train, prep.val,
+                                       prompt_lm=prep.lms.role("prompt"), log=_log)
+        except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
+            first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
+            raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
+                                f"{first}") from exc
+    selection = getattr(compiled, "selection", None)
+    if selection:
+        _log("selection scores: " + ", ".join(
+            f"{c['candidate']} {c['score']:.3f}{' (chosen)' if c['chosen'] else ''}" for c in selection))
+    _log("3/4 evaluating the compiled program on dev")
+    after = _evaluate(cfg, prep, compiled, tmp / "dev_after.jsonl", "dev after", trace=traced,
+                      reference_dist2=before.summary.get("dist2"))
+    improved = not_worse_than_uncompiled(before.summary, after.summary)
+    if after.summary.get("collapsed"):
+        _log(f"WARNING: the compiled program's dev replies collapsed ({after.summary['collapse_reason']}); "
+             "it is saved, but it will not become champion")
+    elif not improved:
+        _log(f"NOTE: the compiled program scores {after.score:.3f} on dev, below the uncompiled "
+             f"program's {before.score:.3f}; it is saved, but it will not become champion, and respond "
+             "and chat keep their default program")
+    evaluated = _Evaluated(before, after, compiled, selection, improved)
+    if run is not None and improved:
+        evaluated.champion = _compare_with_champion(cfg, prep, after.score, tmp)
+    return evaluated
+
+
+def _compare_with_champion(cfg: CompileConfig, prep: _Prepared, score: float, tmp: Path) -> dict | None:
+    """The current champion's score on this compile's dev items under its metric: the recorded one when it was
+    scored on the same items, else scored here. None when there is no champion."""
+    from trace_dspy.store.errors import ArtifactError
+    from trace_dspy.store.registry import champion_record
+    from trace_dspy.workflows.loading import load_for_run
+    from trace_dspy.workflows.settings import Settings
+
+    current = champion_record(cfg.registered_model, tracking_uri=cfg.tracking_uri)
+    if current is None:
+        return None
+    here = prep.dev_fingerprint()
+    record = {"version": current["version"], "recorded_score": current["score"],
+              "dev_fingerprint": current["dev_fingerprint"], "new_score": score, "new_dev_fingerprint": here,
+              "rescored": current["dev_fingerprint"] != here}
+    if not record["rescored"]:
+        return {**record, "score": current["score"]}
+    _log(f"champion: version {current['version']} was scored on other dev items or under another metric; "
+         "scoring it on this compile's dev set")
+    try:
+        loaded = load_for_run(f"models:/{cfg.registered_model}/{current['version']}",
+                              Settings(lm=cfg.settings.lm, lm_explicit=True), tracking_uri=cfg.tracking_uri)
+        theirs = _evaluate(cfg, prep, loaded.program, tmp / "dev_champion.jsonl", "dev champion", trace=False)
+    except (ArtifactError, FailureRateExceeded) as exc:
+        _log(f"WARNING: the champion could not be scored here ({exc}); a program that runs replaces it")
+        return {**record, "score": None, "error": str(exc)[:500]}
+    _log(f"champion: version {current['version']} scores {theirs.score:.3f} on this dev set "
+         f"(recorded {current['score']:.3f} on its own); this compile scores {score:.3f}")
+    return {**record, "score": theirs.score}
+
+
+def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run):
+    """Save the compiled program, its fitted parts and its manifest as a new version: (folder, Manifest)."""
+    from trace_dspy.store import artifacts
+
+    run_id = run.info.run_id if run is not None else None
+    manifest = Manifest(
+        name=cfg.name,
+        config=cfg.record(),
+        optimizer={**cfg.optimizer.settings(), **({"selection": ev.selection} if ev.selection else {})},
+        metric={"name": prep.metric.name, "config": prep.metric.config.to_dict(),
+                "similarity_kind": prep.metric.similarity_kind},
+        scores={"dev_before": _scalars(ev.before.summary), "dev_after": _scalars(ev.after.summary)},
+        data={**prep.source.describe(),
+              "situations": prep.situations.describe() if prep.situations is not None else None,
+              "train_ids": [e.sample_id for e in prep.train], "val_ids": [e.sample_id for e in prep.val],
+              "dev_ids": [e.sample_id for e in prep.dev], "dev_fingerprint": prep.dev_fingerprint()},
+        # The registry version is not known yet: MLflow records it (tag trace_dspy.registry_version).
+        mlflow={"run_id": run_id, "experiment": cfg.experiment if run is not None else None,
+                "registered_model": cfg.registered_model if run is not None else None},
+        command=cfg.command,
+        champion=ev.champion,
+    )
+    # The openers and plans the optimizer fitted come with the records of their fits
+    # (trace_dspy.optimize.openers, .plans); the index and the prior are saved as files.
+    fitted = ev.compiled.parts.with_records(reply_openers=getattr(ev.compiled, "opener_fit", None),
+                                            reply_plans=getattr(ev.compiled, "plan_fit", None))
+    extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
+    return artifacts.write_artifact(ev.compiled, manifest, name=cfg.name, root=cfg.artifacts_dir, parts=fitted,
+                                    extra_files=extra_files)
+
+
+def _track(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, folder: Path, manifest: Manifest, run):
+    """Log the run, register a version, log the evaluations and prompts, and promote: (version, promoted)."""
+    from trace_dspy.store import registry, tracking
+
+    label = manifest.label
+    # A store another process keeps locked: one bounded wait, then an error that names the saved version.
+    tracking.wait_for_store(cfg.tracking_uri, saved=f"the artifact {label} is saved in {folder}")
+    tracking.set_tags({"trace_dspy.artifact": label,
+                       "trace_dspy.collapsed": str(bool(ev.after.summary.get("collapsed")))})
+    model_info = _log_run(cfg, folder, ev.before.summary, ev.after.summary)
+    version = registry.register_version(run.info.run_id, run.info.artifact_uri, ev.after.score,
+                                        model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
+                                        tags={"artifact_name": cfg.name, "artifact_version": str(manifest.version),
+                                              **registry.comparison_tags(prep.dev_fingerprint(), ev.champion)},
+                                        model_uri=model_info.model_uri, model_id=model_info.model_id)
+    tracking.set_tags({"trace_dspy.registry_version": str(version)})
+    # The dev evaluations as MLflow evaluation runs, and the compiled instructions as prompts
+    # (a failure here is reported, and the compile's result stands).
+    if cfg.trace:
+        _log_evaluation_runs(cfg, prep.source, ev.before.rows, ev.after.rows, model_info.model_id)
+    _register_prompts(cfg, ev.compiled, manifest.version)
+    # Promote only if it is not worse than the uncompiled program (nor collapsed) and beats the champion
+    # on the same dev items under the same metric.
+    promoted = ev.improved and registry.promote_if_better(
+        version, ev.after.score, model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
+        dev_fingerprint=prep.dev_fingerprint(), comparison=ev.champion)
+    tracking.set_tags({"trace_dspy.champion": str(promoted)})
+    return version, promoted
+
+
+def selection_set(source, train: list, size: int, *, seed: int = 0, pool: list | None = None) -> list:
     """``size`` seeded examples from the training side of ``source`` that are not in ``train``.
 
+    ``pool``: that training side when already split (else it is split here).
     Optimizers that score candidates (select, mipro, gepa) score them here,
     never on dev. When the training side has no other conversations (a tiny
     pool), the train sample itself is returned, and the log says so.
     """
-    import random
-
     if size <= 0:
         return []
     taken = {e.conversation_id for e in train}
-    rest = [e for e in load_splits(source, seed=seed).train if e.conversation_id not in taken]
+    pool = load_splits(source, seed=seed).train if pool is None else pool
+    rest = [e for e in pool if e.conversation_id not in taken]
     if not rest:
         _log("selection: no training conversations beyond the train sample; candidates are scored on train")
         return list(train)
@@ -277,48 +361,26 @@ def _scalars(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if k != "distributions"}
 
 
-class _NoRun:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _mlflow_context(cfg: CompileConfig):
+    """The compile's MLflow run (traces and DSPy's autolog of the optimizer go to it); None without MLflow."""
     if not cfg.mlflow:
-        return _NoRun()
-    import mlflow
+        return contextlib.nullcontext()
+    from trace_dspy.store import tracking
 
-    from trace_dspy.store.tracking import mlflow_run
-
-    ctx = mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment,
-                     run_name=f"compile {cfg.name} {cfg.optimizer.name}",
-                     tags={"trace_dspy.kind": "compile", "trace_dspy.optimizer": cfg.optimizer.name})
-    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
-                        silent=True)
-    return _traced_run(ctx)
-
-
-@contextlib.contextmanager
-def _traced_run(ctx):
-    """The compile run, with MLflow's traces going to its experiment."""
-    import mlflow
-
-    with ctx as run:
-        mlflow.set_experiment(experiment_id=run.info.experiment_id)
-        yield run
+    ctx = tracking.traced_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment,
+                              run_name=f"compile {cfg.name} {cfg.optimizer.name}",
+                              tags={"trace_dspy.kind": "compile", "trace_dspy.optimizer": cfg.optimizer.name})
+    tracking.autolog_compiles()
+    return ctx
 
 
 def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_rows: list, model_id: str) -> None:
     """Child runs ``dev before`` and ``dev after``: MLflow evaluation runs over the dev traces."""
-    import mlflow
-
     from trace_dspy.store.evaluations import log_evaluation
-    from trace_dspy.store.tracking import mlflow_run
+    from trace_dspy.store.tracking import flush_traces, mlflow_run
 
     dataset = {**source.describe(), "split": "dev", "view": "longest", "seed": cfg.seed}
-    mlflow.flush_trace_async_logging()  # once for both (each flush waits on the writer's one-second poll)
+    flush_traces()  # once for both
     for name, rows, linked in (("dev before", before_rows, None), ("dev after", after_rows, model_id)):
         try:
             with mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment, run_name=f"{cfg.name} {name}",
@@ -330,12 +392,12 @@ def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_ro
 
 def _register_prompts(cfg: CompileConfig, compiled, version: int) -> None:
     """Each stage's compiled instruction as a version of the prompt ``<name>.<stage>`` in MLflow's registry."""
-    import mlflow
+    from trace_dspy.store.tracking import register_prompt
 
     for stage, predictor in compiled.named_predictors():
         try:
-            mlflow.genai.register_prompt(
-                name=f"{cfg.name}.{stage}".replace("@", "-"), template=predictor.signature.instructions,
+            register_prompt(
+                f"{cfg.name}.{stage}".replace("@", "-"), predictor.signature.instructions,
                 commit_message=f"{cfg.name}@v{version}, {cfg.optimizer.name}",
                 tags={"artifact_version": f"{cfg.name}@v{version}", "demos": str(len(predictor.demos)),
                       "optimizer": cfg.optimizer.name})
@@ -346,9 +408,12 @@ def _register_prompts(cfg: CompileConfig, compiled, version: int) -> None:
 
 def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict):
     """Log the run's params, metrics and files, and the program as an MLflow pyfunc model; its ModelInfo."""
-    import mlflow
-
-    from trace_dspy.store.tracking import log_params, numeric_metrics
+    from trace_dspy.store.tracking import (
+        log_artifacts,
+        log_metrics,
+        log_params,
+        numeric_metrics,
+    )
     from trace_dspy.workflows.serving import log_program_model
 
     log_params(cfg.record())
@@ -356,6 +421,6 @@ def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict):
     for key in DELTA_KEYS:
         if key in before and key in after:
             metrics[f"dev_delta/{key}"] = after[key] - before[key]
-    mlflow.log_metrics(metrics)
-    mlflow.log_artifacts(str(folder), artifact_path="artifact")
+    log_metrics(metrics)
+    log_artifacts(folder, artifact_path="artifact")
     return log_program_model(folder)

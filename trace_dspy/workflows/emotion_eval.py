@@ -26,8 +26,8 @@ from trace_dspy.core.labels import EKMAN_GROUPS, EMOTION_TO_GROUP, EMOTIONS, ekm
 from trace_dspy.core.safety import redact
 from trace_dspy.lm.specs import fresh_calls, use_lm
 from trace_dspy.optimize.scorers import emotion_accuracy, group_accuracy, macro_f1
-from trace_dspy.store.artifacts import LoadedProgram
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
+from trace_dspy.workflows.loading import LoadedProgram
 from trace_dspy.workflows.settings import Settings
 
 TOP_K = 3

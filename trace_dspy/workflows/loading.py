@@ -1,14 +1,85 @@
-"""What a command runs: the uncompiled program built from settings and data, or a loaded artifact.
+"""Loading programs: a compiled artifact, or the uncompiled program built from settings and data.
 
-Building the default program's runtime parts (the exemplar index, the emotion prior) from a data source is
-workflow work; the store layer below only saves and loads artifacts.
+The store reads an artifact (manifest, state, fitted parts); here its LMs are
+chosen and the program is built with its parts and LMs in one step. Building
+the default program's parts (the exemplar index, the emotion prior) from a data
+source is workflow work too. ``trace_dspy.load`` is the public way in; the
+commands call :func:`load_for_run`, which adds their settings and data.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dspy
+
 from trace_dspy.core.config import ProgramConfig
-from trace_dspy.lm.specs import LMSet
-from trace_dspy.store.artifacts import LoadedProgram, build_program, load_reference
+from trace_dspy.lm.specs import LMConfig, LMSet
+from trace_dspy.program.parts import FittedParts
+from trace_dspy.store.artifacts import check_lm_trust, load_state, locate, read_artifact
+from trace_dspy.store.manifest import Manifest
+
+
+@dataclass
+class LoadedProgram:
+    """A program ready to call, with its LMs, and the manifest it came from (None: the uncompiled program)."""
+
+    program: dspy.Module
+    lms: LMSet
+    manifest: Manifest | None = None
+    path: Path | None = None
+    ref: str = "default"
+
+    @property
+    def label(self) -> str:
+        """``NAME@vN`` for an artifact, else the reference it was loaded by."""
+        return self.manifest.label if self.manifest is not None else self.ref
+
+    def describe(self) -> dict[str, Any]:
+        return {"ref": self.ref, "path": str(self.path) if self.path else None,
+                "name": self.manifest.name if self.manifest else None,
+                "version": self.manifest.version if self.manifest else None}
+
+
+def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts: FittedParts | None = None,
+                  stage_lms=None, where: str = "program.json"):
+    """A TraceProgram built with its fitted parts and stage LMs, then given a saved ``state`` (checked).
+
+    The parts come first: the prior decides whether the emotion stage has its
+    candidates field, as it did when the state was saved.
+    """
+    from trace_dspy.program.pipeline import TraceProgram
+
+    program = TraceProgram(config, stage_lms=stage_lms, parts=parts)
+    if state is not None:
+        load_state(program, state, where=where)
+    return program
+
+
+def _load_artifact(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
+                  tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False,
+                  timeout: float | None = None) -> LoadedProgram:
+    """A compiled program from any reference (see ``trace_dspy.load``), built with its parts and LMs.
+
+    The LM config recorded in the manifest is used only when ``lm_config`` is
+    None, and then only if it names no endpoint and no key variable, unless
+    ``trust_lm``. With ``attach_lms=False`` the stages use ``dspy.settings``.
+    """
+    folder = locate(ref, root=root, tracking_uri=tracking_uri)
+    stored = read_artifact(folder)
+    recorded = stored.manifest.lm_config()
+    if lm_config is None and not trust_lm:
+        check_lm_trust(recorded, folder / "manifest.json")
+    if timeout is not None:
+        recorded = recorded.with_timeout(timeout)
+    lms = LMSet(lm_config or recorded)
+    program = build_program(stored.config, stored.state, parts=stored.parts,
+                            stage_lms=lms.stage_lms() if attach_lms else None,
+                            where=str(folder / "program.json"))
+    return LoadedProgram(program, lms, stored.manifest, folder, ref)
 
 
 def default_retriever(config: ProgramConfig, data=None, *, seed: int = 0, announce_seed: bool = True):
@@ -64,12 +135,12 @@ def default_reference() -> str:
     """
     from trace_dspy.store.artifacts import (
         DEFAULT_NAME,
-        ArtifactError,
         read_manifest,
         search_roots,
         version_dir,
     )
     from trace_dspy.store.artifacts import versions as list_versions
+    from trace_dspy.store.errors import ArtifactError
 
     roots = search_roots()
     for root in roots:
@@ -79,8 +150,7 @@ def default_reference() -> str:
                 manifest = read_manifest(folder)
             except ArtifactError:
                 continue  # a damaged folder is not a default; loading it by name says what is wrong
-            scores = manifest.get("scores") or {}
-            if not_worse_than_uncompiled(scores.get("dev_before"), scores.get("dev_after")):
+            if not_worse_than_uncompiled(manifest.dev_score("dev_before"), manifest.dev_score("dev_after")):
                 return f"{DEFAULT_NAME}@v{number}" if root == roots[0] else str(folder)
     return "default"
 
@@ -97,26 +167,36 @@ def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:
 
 
 def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
-                 announce_seed: bool = True) -> LoadedProgram:
+                 announce_seed: bool = True, root: str | os.PathLike | None = None,
+                 attach_lms: bool = True) -> LoadedProgram:
     """What a command runs: the uncompiled program for 'default', else a loaded artifact; None: default_reference().
 
-    The default program retrieves exemplars from the training pool of ``data``.
-    Models chosen on the command line (or in an [lm] table) win over the ones
-    recorded in the artifact.
+    Args:
+        ref: 'default', an artifact folder or program.json, ``NAME@vN``, ``NAME@latest``, ``champion``,
+            ``models:/...`` or ``runs:/...``; None: :func:`default_reference`.
+        settings: the command's ``Settings``. Models chosen on the command line (or in an [lm] table,
+            ``settings.lm_explicit``) win over the ones an artifact records; ``settings.trust_artifact_lm``
+            allows a recorded endpoint or key variable; ``settings.timeout`` applies to recorded LMs too.
+        data, seed: the data source the uncompiled program retrieves exemplars from and fits its prior on.
+        root: where ``NAME@vN`` is looked up. attach_lms: False leaves the stages on ``dspy.settings``.
+
+    Returns:
+        The program, its LMs and its manifest (``LoadedProgram``).
     """
     if ref is None:
         ref = default_reference()
     if ref == "default":
         lms = LMSet(settings.lm)
-        program = build_program(settings.program, None)
-        program.retriever = default_retriever(settings.program, data, seed=seed, announce_seed=announce_seed)
-        program.emotion_prior = default_prior(settings.program, data, seed=seed)
-        program.set_stage_lms(lms.stage_lms())
-        return LoadedProgram(program, lms, {}, None, "default")
+        parts = FittedParts({"retrieval": default_retriever(settings.program, data, seed=seed,
+                                                            announce_seed=announce_seed),
+                             "emotion_prior": default_prior(settings.program, data, seed=seed)})
+        program = build_program(settings.program, None, parts=parts, stage_lms=lms.stage_lms())
+        return LoadedProgram(program, lms, None, None, "default")
     if data is not None:
         _note_unused_data(ref, data, seed=seed)
-    return load_reference(ref, lm_config=settings.lm if settings.lm_explicit else None, tracking_uri=tracking_uri,
-                          trust_lm=settings.trust_artifact_lm, timeout=settings.timeout)
+    return _load_artifact(ref, lm_config=settings.lm if settings.lm_explicit else None, root=root,
+                          tracking_uri=tracking_uri, attach_lms=attach_lms, trust_lm=settings.trust_artifact_lm,
+                          timeout=settings.timeout)
 
 
 def _note_unused_data(ref: str, data, *, seed: int) -> None:

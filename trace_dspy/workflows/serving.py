@@ -282,13 +282,18 @@ class TraceModel(mlflow.pyfunc.PythonModel):
         self._lock = threading.Lock()
 
     def load_context(self, context) -> None:
-        from trace_dspy.store.artifacts import load_folder
+        from dataclasses import replace
+
+        from trace_dspy.workflows.loading import load_for_run
+        from trace_dspy.workflows.settings import Settings
 
         folder = Path(context.artifacts[ARTIFACT_KEY])
         threads = threads_from_env()
         self.timeout, self.busy_wait = limits_from_env()  # a bad value fails the load, not each request
-        self.loaded = load_folder(folder, lm_config=lm_config_from_env(), trust_lm=_trusted(),
-                                  ref=f"mlflow model ({folder.name})")
+        lm_config = lm_config_from_env()
+        settings = Settings(lm_explicit=lm_config is not None, trust_artifact_lm=_trusted(),
+                            **({"lm": lm_config} if lm_config is not None else {}))
+        self.loaded = replace(load_for_run(str(folder), settings), ref=f"mlflow model ({folder.name})")
         stop_lms_at_deadline(self.loaded)
         # The embedded engine decodes one call at a time, so threads would only queue behind its lock.
         embedded = any(spec.is_local for _, spec in self.loaded.lms.config.specs())
@@ -363,14 +368,10 @@ def required_extras(folder: Path) -> list[str]:
     from trace_dspy.store.artifacts import read_manifest
 
     manifest = read_manifest(folder)
-    config = manifest.get("config") or {}
-    lm = config.get("lm") or {}
-    specs = [lm.get("default") or {}, *((lm.get("stages") or {}).values())]
     extras = set()
-    if any(str((s or {}).get("model", "local")).startswith("local") for s in specs):
+    if any(spec.is_local for _, spec in manifest.lm_config().specs()):
         extras.add("local")
-    program = config.get("program") or {}
-    if (folder / "emotion_prior.npz").is_file() or program.get("best_of", 1) not in (1, "1"):
+    if (folder / "emotion_prior.npz").is_file() or manifest.program_config().best_of != 1:
         extras.add("embed")
     return sorted(extras)
 

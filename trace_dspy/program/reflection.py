@@ -1,0 +1,69 @@
+"""Reflection: an audit of the finished pipeline, then a redo from the earliest faulty stage (bounded rounds).
+
+``TraceProgram`` takes these methods from ``Reflection``; they run only with ``reflection`` on in its config.
+"""
+
+from __future__ import annotations
+
+from trace_dspy.core import spans
+from trace_dspy.core.config import STAGES
+from trace_dspy.core.dialogue import speaker_text
+
+
+class Reflection:
+    """The reflection loop of ``TraceProgram`` (which supplies ``_call``, ``_run_stages`` and ``reflect``)."""
+
+    def _reflect(self, pipeline: list[str], state: dict, outputs: dict) -> list[dict]:
+        """Audit, then redo the earliest faulty stage and everything after it; bounded rounds."""
+        audits = []
+        for round_ in range(1, self.config.reflection_rounds + 1):
+            with spans.span(f"reflection round {round_}") as sp:
+                redo = self._reflect_round(round_, pipeline, state, outputs, audits)
+                sp.set_outputs(audits[-1])
+            if redo is None:
+                break
+        state["revision_note"] = ""
+        return audits
+
+    def _reflect_round(self, round_: int, pipeline: list[str], state: dict, outputs: dict,
+                       audits: list[dict]) -> str | None:
+        """One audit; when it names a faulty stage, redo from there. Returns that stage (None: no redo)."""
+        verdict = self._call("reflect", state)
+        audit = {k: verdict[k] for k in self.reflect.signature.output_fields if k != "reasoning"}
+        checks = self._rule_checks(state)
+        audit.update(round=round_, rule_checks=checks)
+        named = [verdict.faulty_stage] if verdict.faulty_stage != "none" else []
+        named += [stage for stage, ok in (("analyze_cause", checks.get("spans_verbatim", True)),
+                                          ("generate_response", checks["no_advice"])) if not ok]
+        redo = self._earliest_enabled(named, pipeline)
+        audit["redo_from"] = redo
+        audits.append(audit)
+        if redo is None:
+            return None
+        notes = [verdict.critique] + [f"Rule broken: {name}." for name, ok in checks.items() if not ok]
+        state["revision_note"] = " ".join(n for n in notes if n)
+        self._run_stages(pipeline[pipeline.index(redo):], state, outputs, retrieve=False)
+        return redo
+
+    @staticmethod
+    def _earliest_enabled(named: list[str], pipeline: list[str]) -> str | None:
+        """The earliest named stage; a disabled one maps to the next stage that runs."""
+        order = list(STAGES)
+        candidates = []
+        for stage in named:
+            later = [s for s in pipeline if order.index(s) >= order.index(stage)]
+            if later:
+                candidates.append(later[0])
+        return min(candidates, key=order.index) if candidates else None
+
+    @staticmethod
+    def _rule_checks(state: dict) -> dict[str, bool]:
+        """What code can check without a model: quoted spans and advice."""
+        from trace_dspy.optimize.scorers import gives_advice
+
+        checks = {"no_advice": not gives_advice(state.get("response", ""))}
+        if "trigger_spans" in state:
+            spoken = " ".join(speaker_text(state["dialogue"]).split())
+            checks["spans_verbatim"] = bool(state["trigger_spans"]) and all(
+                " ".join(str(span).split()) in spoken for span in state["trigger_spans"])
+        return checks
