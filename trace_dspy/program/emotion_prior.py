@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from trace_dspy.core.dialogue import speaker_text
+from trace_dspy.core.extras import install_hint
 from trace_dspy.core.files import ArrayLimits, MiB
 from trace_dspy.core.labels import EMOTIONS, ekman_group
 from trace_dspy.optimize.empathy import normalize
@@ -401,7 +402,7 @@ def shipped_prior() -> EmotionPrior | None:
     return EmotionPrior.load(SHIPPED) if SHIPPED.is_file() else None
 
 
-MISSING_EMBED = 'the emotion prior needs the "embed" extra (pip install -e ".[embed]")'
+MISSING_EMBED = f'the emotion prior needs the "embed" extra ({install_hint("embed")})'
 
 
 def default_encoder() -> Encoder:
