@@ -144,8 +144,9 @@ print(json.dumps({"package": trace_dspy.__file__, "reply": reply, "stages": engi
 @pytest.mark.slow
 def test_the_installed_wheel_runs_the_packaged_default_from_any_directory(wheel, tmp_path):
     venv = tmp_path / "venv"
-    # the system's site-packages provide the dependencies (every extra); the wheel's own files come first
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    # the system's site-packages provide pip and the dependencies (every extra); the wheel's files come first
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=300)
     python, script = venv / "bin/python", venv / "bin/trace-dspy"
     install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                              capture_output=True, text=True, timeout=300)
