@@ -294,7 +294,9 @@ def _mlflow_context(cfg: CompileConfig):
     ctx = mlflow_run(tracking_uri=cfg.tracking_uri, experiment=cfg.experiment,
                      run_name=f"compile {cfg.name} {cfg.optimizer.name}",
                      tags={"trace_dspy.kind": "compile", "trace_dspy.optimizer": cfg.optimizer.name})
-    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
+    # log_evals off: the optimizer's candidate evaluations would each be an unnamed child run (eval_0, ...)
+    # with one unnamed metric; their scores are the compile's "selection" (printed, and in the manifest).
+    mlflow.dspy.autolog(log_compiles=True, log_evals=False, log_traces_from_compile=False, log_traces=False,
                         silent=True)
     return _traced_run(ctx)
 
