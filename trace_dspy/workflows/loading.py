@@ -126,7 +126,8 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
 
 def default_reference() -> str:
     """The program a command runs when none is named: the newest compiled artifact that did not do worse
-    than the uncompiled program on its dev set and did not collapse, else ``default`` (the uncompiled program).
+    than the uncompiled program on its dev set and did not collapse, else the one an installed package ships
+    (:mod:`trace_dspy.store.shipped`), else ``default`` (the uncompiled program).
 
     ``respond``, ``chat`` and the README's snippet that loads the default all
     reach the same program this way. A compile that does worse on dev than the
@@ -152,7 +153,9 @@ def default_reference() -> str:
                 continue  # a damaged folder is not a default; loading it by name says what is wrong
             if not_worse_than_uncompiled(manifest.dev_score("dev_before"), manifest.dev_score("dev_after")):
                 return f"{DEFAULT_NAME}@v{number}" if root == roots[0] else str(folder)
-    return "default"
+    from trace_dspy.store.shipped import packaged_default
+
+    return packaged_default() or "default"  # an installed wheel carries the default as package data
 
 
 def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:

@@ -25,11 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core.extras import install_hint
 from trace_dspy.workflows.batch import BatchReport
 from trace_dspy.workflows.serving import ENV_API_BASE, ENV_CACHE, ENV_KEY_ENV, ENV_LM, ENV_TIMEOUT, OUTPUT_COLUMNS
 
 RESULT_DDL = ", ".join(f"{c} string" for c in OUTPUT_COLUMNS)
-MISSING_SPARK = 'the Spark engine needs the "spark" extra (pip install -e ".[spark]") and Java 17 or newer'
+MISSING_SPARK = f'the Spark engine needs the "spark" extra ({install_hint("spark")}) and Java 17 or newer'
 
 
 class SparkUnavailable(ImportError):
