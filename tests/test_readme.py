@@ -24,7 +24,7 @@ import runpy
 import shlex
 import subprocess
 import sys
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +71,7 @@ def _commands(block: Block) -> list[list[str]]:
         kept, going_on = [], False
         for line in lines:
             if line.startswith("$ ") or going_on:
-                kept.append(line[2:] if line.startswith("$ ") else line)
+                kept.append(line.removeprefix("$ "))
                 going_on = line.endswith("\\")
         lines = kept
     joined = "\n".join(lines).replace("\\\n", " ")
@@ -150,6 +150,8 @@ def _run_project_command(words: list[str], *, run: bool, monkeypatch) -> str:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         except SystemExit as done:
             return done.code or 0
+        except _Parsed:
+            raise
         return 0
 
     if not run:
@@ -160,10 +162,15 @@ def _run_project_command(words: list[str], *, run: bool, monkeypatch) -> str:
             raise _Parsed
 
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-        with pytest.raises(_Parsed):
-            main()
-        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", original)
-        return ""
+        stderr = io.StringIO()
+        try:
+            with redirect_stderr(stderr):
+                code = main()  # returns only when the parser refused the arguments, or no parser ran
+        except _Parsed:
+            return ""
+        finally:
+            monkeypatch.setattr(argparse.ArgumentParser, "parse_args", original)
+        pytest.fail(f"{shlex.join(words)}: not accepted by its argument parser (exit {code}): {stderr.getvalue()[-500:]}")
     out = io.StringIO()
     with redirect_stdout(out):
         code = main()
@@ -182,10 +189,9 @@ def _check_pip(words: list[str]) -> None:
 
 
 def _check_mlflow(env: dict[str, str], words: list[str]) -> None:
+    import click
     import mlflow.environment_variables
     from mlflow.cli import cli
-
-    import click
 
     command = cli.get_command(click.Context(cli), words[1])
     assert command is not None, f"mlflow has no command {words[1]!r}"
@@ -223,7 +229,7 @@ print(len(seen), len(shown))
 def _check_warning_filter(value: str) -> None:
     env = {**os.environ, "PYTHONWARNINGS": value}
     done = subprocess.run([sys.executable, "-c", _WARNING_PROBE], env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, check=False)
     assert done.returncode == 0 and "Invalid -W option" not in done.stderr, done.stderr
     seen, shown = map(int, done.stdout.split())
     assert seen >= 1, "starlette no longer warns here: drop PYTHONWARNINGS from the README"
@@ -255,7 +261,7 @@ def test_every_readme_block_runs_as_written(block, fake_everywhere, monkeypatch)
     if block.lang == "python":
         before = len(fake_everywhere.calls)
         with redirect_stdout(io.StringIO()):
-            exec(compile(block.text, f"README.md:{block.line}", "exec"), {"__name__": "__readme__"})
+            exec(compile(block.text, f"README.md:{block.line}", "exec"), {"__name__": "__readme__"})  # noqa: S102 (the README's own code)
         assert len(fake_everywhere.calls) > before, "the block never called the model"
         return
     assert block.lang in ("bash", "console"), f"README.md:{block.line}: no check for {block.lang!r} blocks"

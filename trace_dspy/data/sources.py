@@ -63,7 +63,7 @@ _CSV_COLUMNS = ("dialogue_id", "turns", "text", "dialogue_emotion")
 _OFFLINE_HINT = (
     "To work offline, point --data (or the environment variable TRACE_DSPY_DATA) at local files: "
     "a directory with the preprocessed EmpatheticDialogues valid.csv and test.csv, "
-    "a directory with valid.jsonl and test.jsonl, or one JSONL file (format in README.md, 'Data')."
+    "a directory with valid.jsonl and test.jsonl, or one JSONL file (format in docs/guide/config.md, 'Data')."
 )
 
 
