@@ -123,7 +123,7 @@ def test_ci_installs_every_extra():
 @pytest.fixture
 def fake_everywhere(tmp_path, monkeypatch):
     """Every model the README can reach is one scripted fake; the working directory is a fresh one."""
-    from tests.conftest import offline_workdir
+    from conftest import offline_workdir
 
     lm, engine = fake_lm()
     offline_workdir(tmp_path, monkeypatch, lm)
