@@ -3,7 +3,7 @@
 Both are DSPy modules with their own judge LM, always run under
 ``dspy.context(lm=judge_lm)`` so that they never borrow the program's model by
 accident. Give them a strong model when you can (``--judge-lm``): how well the
-embedded 135M model judges is measured in docs/metric.md.
+embedded 135M model judges is measured in docs/reference/metric.md.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ The composite is the weighted mean of the components whose weight is above 0
 and that have a value, times ``grounded``: 0 for a reply that parrots the
 speaker or nearly copies a demo's or a retrieved example's reply, and
 ``relevance / relevance_floor`` (capped at 1) for a reply unrelated to the
-speaker. docs/metric.md has the validity study behind the default weights.
+speaker. docs/reference/metric.md has the validity study behind the default weights.
 
 A batch-level check (:func:`collapse_check`) flags a set of replies that
 collapsed: few distinct replies, or Dist-2 fallen by half against a reference.
@@ -71,7 +71,7 @@ class MetricConfig:
     emotion: float = 0.2
     similarity: float = 0.2
     # Reference-free parts: empathy, relevance and rules split 4:6:0 with a relevance floor
-    # of 0.4, as the validity study's weight search chose (docs/metric.md): the best
+    # of 0.4, as the validity study's weight search chose (docs/reference/metric.md): the best
     # agreement with human EPITOME ratings among the mixes that rank a real ED reply above
     # every kind of wrong one at AUC 0.90. strategy_fit needs a plan and is checked
     # against human levels per mechanism instead.
@@ -221,7 +221,7 @@ class EmpathyMetric:
         # The reply reward's extra guards (a first-person run or an opening "my ..." of the speaker's
         # words, a repeat of the listener's own earlier turn): they steer a small writer's candidates,
         # but they also zero a few human replies, so the evaluation metric leaves them out
-        # (docs/metric.md, "Guards of the reply reward").
+        # (docs/reference/metric.md, "Guards of the reply reward").
         self.reply_guards = reply_guards
         if self.config.judge > 0 and judge is None:
             raise ConfigError("the metric's judge weight is above 0 but no judge was given")

@@ -19,7 +19,7 @@ from trace_dspy.core.extras import install_hint
 OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
 # "select" keeps the uncompiled program among its candidates, so a compile cannot ship a program that scored
 # worse on the selection set; plain bootstrapping collapsed to one copied demo reply on the seed set
-# (issue 15); the main jobs with select are recorded in docs/bench/main_job.json (v0002) and main_job_v0003.json.
+# (docs/results/compiling.md); the main jobs with select are recorded in docs/bench/main_job.json (v0002) and main_job_v0003.json.
 DEFAULT_OPTIMIZER = "select"
 
 
@@ -49,14 +49,14 @@ class OptimizerConfig:
     # every optimizer, when the reply is scaffolded: rank the openers of each mechanism by the metric on this
     # many training dialogues before compiling (trace_dspy.optimize.openers); 0 keeps the stock openers. Off by
     # default: on 200 ED test items a compile with 32 scored -0.0015 [-0.0098, +0.0065] against the stock
-    # openers, and on the seed set it cost the main job minutes and lowered dev (docs/benchmarks.md,
+    # openers, and on the seed set it cost the main job minutes and lowered dev (docs/results/compiling.md,
     # "Fitted openers").
     opener_items: int = 0
     # every optimizer: choose the further reply plans on this many training dialogues before compiling
     # (trace_dspy.optimize.plans): a reply is then written for the LM's plan and for each chosen plan, and the
     # one with the best reply reward is kept. 0: the LM's plan only. On for the default compile: on 24 ED
     # training dialogues it chose EX+EX (training score 0.622 -> 0.661) and dev rose 0.536 -> 0.572, at about
-    # 1.7x the LM calls per dialogue on 200 ED test items (docs/benchmarks.md, "Further reply plans").
+    # 1.7x the LM calls per dialogue on 200 ED test items (docs/results/compiling.md, "Further reply plans").
     plan_items: int = 16
     seed: int = 0
 

@@ -6,7 +6,7 @@ reasons first). It names the emotion in the same call, so that the baseline is
 scored on the same emotion metrics as the staged program.
 
 ``PAPER_INSTRUCTIONS`` restates, in this project's own words, what the TRACE
-paper's four agents are told to do (see docs/benchmarks.md); the bench applies
+paper's four agents are told to do (see docs/results/quality.md); the bench applies
 them to an uncompiled TraceProgram to get the "TRACE as published" system.
 """
 

@@ -1,4 +1,4 @@
-"""docs/reliability.md names a test for every fault and attack; those tests must exist, and the attack
+"""docs/reference/reliability.md names a test for every fault and attack; those tests must exist, and the attack
 table's counts must agree with its rows."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "reliability.md"
+DOC = ROOT / "docs" / "reference" / "reliability.md"
 
 
 def _abbreviations(text: str) -> dict[str, str]:
@@ -34,7 +34,7 @@ def test_every_test_the_reliability_doc_names_exists():
         target = ROOT / (files[short] if short else path)
         if not target.exists() or name not in _test_names(target):
             missing.append(f"{short or path}::{name}")
-    assert not missing, f"docs/reliability.md names tests that do not exist: {missing}"
+    assert not missing, f"docs/reference/reliability.md names tests that do not exist: {missing}"
 
 
 def test_the_attack_counts_agree_with_the_attack_table():

@@ -3,7 +3,7 @@
 Every model here is fake: ``FaultyEngine`` (trace_dspy.testing.fakes) injects
 transport faults and broken replies at seeded rates, and the interruption
 tests run the real commands in a subprocess with a slow fake model, then
-SIGKILL them. docs/reliability.md lists each fault with the test that covers it.
+SIGKILL them. docs/reference/reliability.md lists each fault with the test that covers it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Trust boundaries and no lost work (issue 17).
+"""Trust boundaries and no lost work.
 
 Each attack is built here: tampered artifacts, planted versions, hostile
 batch files, replayed failures, hung and credentialed servers, Ctrl-C,
 escape sequences. Models are fakes: ScriptedEngine, and FakeChatServer (an
-OpenAI-compatible server on 127.0.0.1). docs/reliability.md lists every case
+OpenAI-compatible server on 127.0.0.1). docs/reference/reliability.md lists every case
 with its test.
 """
 

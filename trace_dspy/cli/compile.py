@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.compile", description=__doc__.split("\n\n")[0])
     opt = parser.add_argument_group("optimizer")
     opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: select (the best of the uncompiled, labeled and bootstrapped programs "
-                                                          "on a selection set; see docs/benchmarks.md)")
+                                                          "on a selection set; see docs/results/compiling.md)")
     opt.add_argument("--max-demos", type=int, dest="max_bootstrapped_demos", help="bootstrapped demos per stage")
     opt.add_argument("--max-labeled", type=int, dest="max_labeled_demos", help="labeled demos per stage")
     opt.add_argument("--max-rounds", type=int, help="bootstrap rounds")
@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--simba-bsize", type=int, help="SIMBA minibatch size")
     opt.add_argument("--opener-items", type=int,
                      help="scaffolded replies: training dialogues the openers are ranked on before compiling "
-                          "(default 0: the stock openers; measured in docs/benchmarks.md, \"Fitted openers\")")
+                          "(default 0: the stock openers; measured in docs/results/compiling.md, \"Fitted openers\")")
     opt.add_argument("--plan-items", type=int,
                      help="training dialogues the further reply plans are chosen on before compiling (0: the LM's "
-                          "plan only; docs/benchmarks.md, \"Further reply plans\")")
+                          "plan only; docs/results/compiling.md, \"Further reply plans\")")
     parser.add_argument("--train", type=int, help="training examples (default 16)")
     parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
     parser.add_argument("--val", type=int, help="selection examples, from the training side, apart from the train "

@@ -26,7 +26,7 @@ MAX_BEST_OF = 8
 # best_of = "auto" on the embedded model: +0.058 [+0.031, +0.088] composite over one reply on 50 ED items.
 AUTO_BEST_OF = 4
 # prior_k = "auto": on the embedded model the prior's first label alone beats the LM choosing among the top 2, 3
-# or 5 (300 ED items: 0.413 / 0.673 against 0.390 / 0.653 for top 5; docs/benchmarks.md, issue 16), so a
+# or 5 (300 ED items: 0.413 / 0.673 against 0.390 / 0.653 for top 5; docs/results/emotion.md, "The first fitted prior"), so a
 # grammar-constrained small model gets 1 candidate (and is not asked: it could only repeat it); other LMs
 # get 5 as a hint.
 AUTO_PRIOR_K = {"constrained": 1, "other": 5}
@@ -131,7 +131,7 @@ class ProgramConfig:
         ``--opener-items`` ranks each mechanism's openers by the metric and the
         artifact keeps its own, see trace_dspy.optimize.openers), or ``auto``:
         scaffold for a grammar-constrained small model (the embedded one), where
-        it was measured against chat (docs/benchmarks.md, "Scaffolded replies"),
+        it was measured against chat (docs/results/replies.md, "Scaffolded replies"),
         fields otherwise. Artifacts saved before the option existed load as
         ``fields``, the layout they were compiled with.
     prior_k: how many candidate labels the fitted emotion prior (see
@@ -149,12 +149,12 @@ class ProgramConfig:
         (learned empathy, strategy fit, relevance and rules; no LM call) is kept.
         Candidates stop as soon as one reaches ``best_of_threshold``. 1 = one reply.
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
-        where it was measured (docs/benchmarks.md), 1 for other LMs. Artifacts
+        where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
     reply_exemplars: in the chat and scaffold layouts, show the writer the retrieved
         exemplars (the nearest conversations of the pool, filtered by the
         emotion's group) as earlier chat turns, so that a small model answers
-        in their tone (docs/benchmarks.md, "Nearest exemplars for the writer").
+        in their tone (docs/results/replies.md, "Nearest exemplars for the writer").
         The copy guard scores a candidate that pastes one 0. Artifacts saved
         before the option existed load with false.
     """

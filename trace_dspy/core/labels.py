@@ -28,7 +28,7 @@ EKMAN_GROUPS: tuple[str, ...] = get_args(EkmanGroup)
 # speaker who feels prepared is describing readiness for something coming up
 # (an exam, a trip, a storm) with confidence, which sits next to `confident`
 # and `hopeful` (both happiness) rather than next to the fear labels, whose
-# speakers are worried about the same kind of event. See README "Labels".
+# speakers are worried about the same kind of event. See docs/guide/config.md, "Labels".
 EMOTION_TO_GROUP: dict[str, str] = {
     **dict.fromkeys(("angry", "furious", "annoyed", "jealous"), "anger"),
     **dict.fromkeys(("afraid", "terrified", "anxious", "apprehensive"), "fear"),

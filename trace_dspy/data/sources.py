@@ -65,7 +65,7 @@ DEV_FRACTION = 0.2
 _OFFLINE_HINT = (
     f"To work offline, point --data (or the environment variable {env.DATA}) at local files: "
     "a directory with the preprocessed EmpatheticDialogues valid.csv and test.csv, "
-    "a directory with valid.jsonl and test.jsonl, or one JSONL file (format in README.md, 'Data')."
+    "a directory with valid.jsonl and test.jsonl, or one JSONL file (format in docs/guide/config.md, 'Data')."
 )
 
 

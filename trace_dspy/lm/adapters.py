@@ -109,7 +109,7 @@ LISTENER_ROLE = "You are a caring friend. Answer the person in one or two short 
 
 # The scaffolded reply (reply_format "scaffold"): one sentence per planned mechanism, each begun with an
 # opener the model goes on from. Asked for a whole reply, SmolLM2-135M mostly answers "I'm sorry for your
-# loss." whatever happened (docs/benchmarks.md, "Scaffolded replies"); begun with "You must be feeling" it
+# loss." whatever happened (docs/results/replies.md, "Scaffolded replies"); begun with "You must be feeling" it
 # names a fitting feeling itself ("... really disappointed." to a failed driving test). The first opener of
 # each mechanism is the first reply's; further candidates (rollout 1, 2, ...) take the next ones.
 SCAFFOLD_OPENERS = {
@@ -229,7 +229,7 @@ def first_sentence(text: str, opener: str = "") -> str:
     role prefix, no loop). A sentence cut off by the token limit ends at its first comma after the opener,
     if it has one: "... hurt him, it is a lot to take care of, and it is hard to be a" keeps "... hurt him."
     Complete sentences are kept whole: cutting those over 16 words at their first comma lowered the
-    composite on 100 ED items (0.5515 to 0.5440, docs/benchmarks.md, "Scaffolded replies").
+    composite on 100 ED items (0.5515 to 0.5440, docs/results/replies.md, "Scaffolded replies").
     """
     cleaned = clean_reply(text)
     found = _SENTENCE.findall(cleaned)

@@ -62,7 +62,7 @@ DEFAULT_TEXT_LIMITS = {"reasoning": 200}
 
 # min-p for sampled calls: llama.cpp's own default is 0.05; at DSPy's Best-of-N temperature of 1.0 that lets
 # the 135M model wander into incoherent stories, which the reward cannot always tell from an answer
-# (docs/benchmarks.md, "Coherent candidates").
+# (docs/results/replies.md, "Coherent candidates").
 SAMPLE_MIN_P = 0.3
 
 

@@ -56,7 +56,7 @@ MIN_DF = 3
 LIMITS = ArrayLimits(file_bytes=64 * MiB, member_bytes=128 * MiB, total_bytes=160 * MiB, members=8,
                      header_bytes=16 * MiB)
 # The inverse L2 strength, in scikit-learn's convention (sum of losses + |W|^2 / 2C). Tuned on the dev side of
-# the ED pool's seed-0 split with the situations (docs/results.md, "Emotion"): C = 1 beat 0.5, 2, 3 and 10.
+# the ED pool's seed-0 split with the situations (docs/results/emotion.md, "Variants tried"): C = 1 beat 0.5, 2, 3 and 10.
 C_GRID = (1.0,)
 TEMPERATURES = tuple(float(t) for t in np.round(np.geomspace(0.5, 4.0, 22), 3))
 
@@ -94,7 +94,7 @@ class FeatureSpec:
 
 # Versions 1 and 2: both views scaled by 10, a binary bag of words.
 LEGACY_SPEC = FeatureSpec(embed_weight=10.0, bag_weight=10.0, ngrams=1, tf="binary")
-# Tuned on dev (docs/results.md): the embedding at half the bag's weight beat equal weights.
+# Tuned on dev (docs/results/emotion.md, "Variants tried"): the embedding at half the bag's weight beat equal weights.
 SPEC = FeatureSpec(embed_weight=0.5, bag_weight=1.0, ngrams=2, tf="sublinear")
 
 

@@ -58,7 +58,7 @@ class ChatSession:
         self.conversation_id = f"chat-{uuid.uuid4().hex[:8]}"
 
     def records(self) -> list[dict[str, Any]]:
-        """One dataset record per exchange (the project's JSONL format, see README 'Data')."""
+        """One dataset record per exchange (the project's JSONL format, see docs/guide/config.md, 'Data')."""
         out, turns = [], []
         for n, ex in enumerate(self.exchanges, 1):
             turns = [*turns, ex.speaker]
