@@ -316,3 +316,38 @@ def check_refit(shipped_meta: dict[str, Any], limit: int | None, table: dict, sa
     matches = same(expected or {}, table)
     print(("matches " if matches else "DIFFERS from ") + str(output))
     return 0 if matches else 1
+
+
+def add_embedded_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of the embedded-model bench (``bench_local``, ``bench embedded``)."""
+    parser.add_argument("--data", help="data source (default: $TRACE_DSPY_DATA, else the seed set)")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--reuse-limit", type=int, default=20, help="dialogues for the no-reuse run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-raw", action="store_true", help="skip the raw llama.cpp replay")
+    parser.add_argument("--no-reuse-run", action="store_true", help="skip the prefix-reuse-off run")
+    parser.add_argument("--best-of", type=lambda v: [int(x) for x in v.split(",")], metavar="N,N,...",
+                        help="only measure Best-of-N on the reply stage for these N (the first is the baseline)")
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (default: the engine's)")
+    parser.add_argument("--batching", action="store_true",
+                        help="only measure decode steps with 1-8 sequences per llama.cpp batch")
+    parser.add_argument("--guard", action="store_true",
+                        help="only compare the loop guard off and on (with retrieval from the data's pool)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only time prompt reading against generation (with retrieval from the data's pool)")
+    parser.add_argument("--batch-logits", action="store_true",
+                        help="only check whether batched logits equal one-token-at-a-time logits")
+    parser.add_argument("--output", type=Path, help="write the results as JSON")
+
+
+def run_embedded_command(argv: list[str], prog: str, description: str) -> int:
+    """Parse the embedded-model bench's flags, measure, print the table; the exit code."""
+    from trace_dspy.bench.embedded import EmbeddedOptions, run_embedded
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_embedded_args(parser)
+    args = parser.parse_args(argv)
+    setup_logging()
+    options = EmbeddedOptions(**vars(args), command="python -m trace_dspy.bench_local " + " ".join(argv))
+    print(run_embedded(options))
+    return 0

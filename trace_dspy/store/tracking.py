@@ -317,3 +317,40 @@ def logged_or_warned(results):
         yield
     except Exception as exc:  # the results are on disk already; say so rather than lose them
         warn_not_logged(exc, results)
+
+
+def log_artifact(path: str | os.PathLike, artifact_path: str | None = None) -> None:
+    """Log one file to the active run, under ``artifact_path``."""
+    import mlflow
+
+    mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def flush_traces() -> None:
+    """Write out the traces MLflow still holds in memory (it logs them asynchronously)."""
+    import mlflow
+
+    mlflow.flush_trace_async_logging()
+
+
+def log_record_run(record_file: str | os.PathLike, metrics: Mapping[str, float], *, tracking_uri: str | None,
+                   experiment: str, run_name: str, kind: str, params: Mapping[str, Any] | None = None,
+                   variants: Mapping[str, tuple[Mapping[str, Any], Mapping[str, float]]] | None = None) -> str:
+    """One run that holds a command's record file, its numbers and params; returns its id.
+
+    ``variants`` (name -> (params, metrics)) become nested runs named ``<run_name> <name>`` of kind
+    ``<kind>-variant``, one per variant, as an ablation logs them.
+    """
+    with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
+                    tags={"trace_dspy.kind": kind}) as run:
+        if params:
+            log_params(params)
+        if metrics:
+            log_metrics(metrics)
+        for name, (variant_params, variant_metrics) in (variants or {}).items():
+            with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name=f"{run_name} {name}",
+                            tags={"trace_dspy.kind": f"{kind}-variant"}, nested=True):
+                log_params(variant_params)
+                log_metrics(variant_metrics)
+        log_artifact(record_file)
+        return run.info.run_id
