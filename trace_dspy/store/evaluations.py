@@ -117,15 +117,10 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
     whatever the number of traces); a caller logging several evaluations of traces made earlier flushes
     once itself.
     """
-    import contextlib
-    import io
-    import logging
-
     from trace_dspy.lm.specs import offline_litellm
 
     offline_litellm()  # mlflow.genai imports LiteLLM, which would fetch its price list
     import mlflow
-    import pandas as pd
     from mlflow.genai.scorers import scorer
 
     rows = list(rows)
@@ -147,6 +142,20 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
         read.__name__ = name
         return scorer(read, name=name)
 
+    result = _evaluate_quietly(_dataset_frame(traces, rows, dataset), [part(n) for n in names], model_id)
+    means = {}
+    for name in names:
+        value = result.metrics.get(f"{name}/mean")
+        if value is not None:
+            means[name] = float(value)
+    return means
+
+
+
+def _dataset_frame(traces: list, rows: list[dict[str, Any]], dataset: dict[str, Any]):
+    """The traces as the DataFrame ``mlflow.genai.evaluate`` reads, named after the dataset's identity."""
+    import pandas as pd
+
     data = pd.DataFrame({"trace": traces})
     identity = dataset_identity(rows, dataset)
     try:  # the dataset's own name, digest and source instead of MLflow's generic "dataset"
@@ -157,6 +166,17 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
                                                                "records_sha256": compute_records_sha256(data)}
     except ImportError:
         pass
+    return data
+
+
+def _evaluate_quietly(data, scorers: list, model_id: str | None):
+    """``mlflow.genai.evaluate`` without its progress bar, UI hints and INFO lines."""
+    import contextlib
+    import io
+    import logging
+
+    import mlflow
+
     quiet = [logging.getLogger(n) for n in ("mlflow.genai", "mlflow.tracing", "mlflow.models.evaluation")]
     levels = [lg.level for lg in quiet]
     for lg in quiet:
@@ -164,16 +184,9 @@ def log_evaluation(rows: Sequence[dict[str, Any]], *, dataset: dict[str, Any],
     # MLflow prints a progress bar and where to look in the UI; the caller prints its own table and run id.
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            result = mlflow.genai.evaluate(data=data, scorers=[part(n) for n in names], model_id=model_id)
+            return mlflow.genai.evaluate(data=data, scorers=scorers, model_id=model_id)
     finally:
         for lg, level in zip(quiet, levels):
             lg.setLevel(level)
-    means = {}
-    for name in names:
-        value = result.metrics.get(f"{name}/mean")
-        if value is not None:
-            means[name] = float(value)
-    return means
-
 
 __all__ = ["SCORER_SUMMARY_KEYS", "dataset_identity", "log_evaluation", "logged_model_id", "row_scores"]

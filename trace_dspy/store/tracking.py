@@ -354,3 +354,34 @@ def log_record_run(record_file: str | os.PathLike, metrics: Mapping[str, float],
                 log_metrics(variant_metrics)
         log_artifact(record_file)
         return run.info.run_id
+
+
+def use_tracking_store(tracking_uri: str | None = None) -> str:
+    """Point MLflow at ``tracking_uri`` (None: $MLFLOW_TRACKING_URI, else the local sqlite store); returns it."""
+    import mlflow
+
+    uri = resolve_tracking_uri(tracking_uri)
+    mlflow.set_tracking_uri(uri)
+    return uri
+
+
+def log_evaluation_run(out_dir: str | os.PathLike, record: dict[str, Any], rows, *, tracking_uri: str | None,
+                       experiment: str, run_name: str, params: Mapping[str, Any], metrics: Mapping[str, float],
+                       dataset: dict[str, Any], manifest: Mapping[str, Any] | None) -> tuple[str, str]:
+    """One evaluation run: ``params``, ``metrics``, the ``rows`` as an MLflow evaluation linked to the
+    program's logged model, and the folder ``out_dir`` with ``record`` as its summary.json.
+
+    ``record`` gains ``mlflow``: the run id and the scorer means. Returns (experiment id, run id).
+    """
+    from trace_dspy.core.jsonl import atomic_write_json
+    from trace_dspy.store.evaluations import log_evaluation, logged_model_id
+
+    with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name=run_name,
+                    tags={"trace_dspy.kind": "evaluate"}) as run:
+        log_params(params)
+        log_metrics(metrics)
+        record["mlflow"] = {"run_id": run.info.run_id,
+                            "scorer_means": log_evaluation(rows, dataset=dataset, model_id=logged_model_id(manifest))}
+        atomic_write_json(Path(out_dir) / "summary.json", record)
+        log_artifacts(out_dir, artifact_path="evaluation")
+        return run.info.experiment_id, run.info.run_id
