@@ -300,22 +300,15 @@ def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
 
-def check_refit(shipped_meta: dict[str, Any], limit: int | None, table: dict, same, output) -> int:
-    """``--check`` of a refit command: compare its dev table with the one recorded in the shipped head.
-
-    A full refit is compared with the head's ``dev_table``; one with ``--limit`` with the recorded
-    ``reproduce`` run of that limit. Prints whether they match; returns the exit code.
-    """
-    reproduce = shipped_meta.get("reproduce") or {}
-    if limit is None:
-        expected = shipped_meta.get("dev_table")
-    elif limit == reproduce.get("limit"):
-        expected = reproduce.get("dev_table")
-    else:
-        return fail(f"--check compares a full refit, or one with --limit {reproduce.get('limit')}")
-    matches = same(expected or {}, table)
-    print(("matches " if matches else "DIFFERS from ") + str(output))
-    return 0 if matches else 1
+def print_refit(refit) -> int:
+    """Print a head's refit (a ``workflows.fits.Refit``): its table, then where the weights went or, for
+    ``--check``, whether the table matches the recorded one; returns the exit code (1: it differs)."""
+    print(refit.text)
+    if refit.matches is None:
+        print(f"weights: {refit.output}")
+        return 0
+    print(("matches " if refit.matches else "DIFFERS from ") + str(refit.output))
+    return 0 if refit.matches else 1
 
 
 def add_embedded_args(parser: argparse.ArgumentParser) -> None:
