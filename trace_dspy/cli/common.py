@@ -98,7 +98,7 @@ def traced(enabled: bool):
     import dspy
 
     from trace_dspy.core import spans
-    from trace_dspy.store.tracking import prepare_tracing
+    from trace_dspy.store.tracking import flush_traces, prepare_tracing
 
     prepare_tracing(None, DEFAULT_EXPERIMENT)
     callback = spans.lm_span_callback()
@@ -106,9 +106,7 @@ def traced(enabled: bool):
         try:
             yield
         finally:
-            import mlflow
-
-            mlflow.flush_trace_async_logging()
+            flush_traces()
             trace_id = spans.last_trace_id()
             last = f" (the last one here: {trace_id})" if trace_id else ""
             print(f"traces are in the MLflow experiment {DEFAULT_EXPERIMENT}{last}", file=sys.stderr)
