@@ -298,6 +298,29 @@ def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
 
+def add_refit_args(parser: argparse.ArgumentParser) -> None:
+    """--output, --json and --check of a head's refit command."""
+    parser.add_argument("--output", type=Path, help="where to write the weights (default: the packaged file)")
+    parser.add_argument("--json", type=Path, help="also write the dev table and settings as JSON")
+    parser.add_argument("--check", action="store_true",
+                        help="refit without writing; exit 1 unless the dev table matches the weights at --output")
+
+
+def refit_main(argv: list[str], parser: argparse.ArgumentParser, module: str, refit) -> int:
+    """A refit command: parse ``argv``, call ``refit(args, command)`` (a ``workflows.fits`` refit), print it;
+    the exit code. The recorded command leaves out ``--check``."""
+    import shlex
+
+    args = parser.parse_args(argv)
+    setup_logging()
+    command = f"python -m trace_dspy.{module} " + shlex.join(a for a in argv if a != "--check")
+    try:
+        result = refit(args, command)
+    except ValueError as exc:
+        return fail(str(exc))
+    return print_refit(result)
+
+
 def print_refit(refit) -> int:
     """Print a head's refit (a ``workflows.fits.Refit``): its table, then where the weights went or, for
     ``--check``, whether the table matches the recorded one; returns the exit code (1: it differs)."""

@@ -17,11 +17,9 @@ a seeded subset of about 300 pairs, and the levels of a few fixed probe pairs.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-from pathlib import Path
 
-from trace_dspy.cli.common import fail, print_refit, setup_logging
+from trace_dspy.cli.common import add_refit_args, refit_main
 from trace_dspy.workflows.fits import refit_empathy
 
 
@@ -32,24 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dev-fraction", type=float, default=0.25, help="share of posts held out (default 0.25)")
     parser.add_argument("--limit", type=int, help="fit on a seeded sample of posts holding about this many pairs")
     parser.add_argument("--l2", type=float, help="L2 strength (default: chosen by cross-validation)")
-    parser.add_argument("--output", type=Path, help="where to write the weights (default: the packaged file)")
-    parser.add_argument("--json", type=Path, help="also write the dev table and settings as JSON")
-    parser.add_argument("--check", action="store_true",
-                        help="refit without writing; exit 1 unless the dev table matches the weights at --output")
+    add_refit_args(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    setup_logging()
-    command = "python -m trace_dspy.fit_empathy " + shlex.join(a for a in argv if a not in ("--check",))
-    try:
-        refit = refit_empathy(args.epitome, seed=args.seed, dev_fraction=args.dev_fraction, limit=args.limit,
-                              l2=args.l2, output=args.output, check=args.check, json_path=args.json, command=command)
-    except ValueError as exc:
-        return fail(str(exc))
-    return print_refit(refit)
+    return refit_main(argv, build_parser(), "fit_empathy", refit)
+
+
+def refit(args, command: str):
+    return refit_empathy(args.epitome, seed=args.seed, dev_fraction=args.dev_fraction, limit=args.limit, l2=args.l2,
+                          output=args.output, check=args.check, json_path=args.json, command=command)
 
 
 if __name__ == "__main__":

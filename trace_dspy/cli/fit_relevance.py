@@ -17,11 +17,9 @@ The ED test split is never read.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
-from pathlib import Path
 
-from trace_dspy.cli.common import fail, print_refit, setup_logging
+from trace_dspy.cli.common import add_refit_args, refit_main
 from trace_dspy.workflows.fits import refit_relevance
 
 
@@ -31,24 +29,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", help="ED folder with valid.csv and test.csv (default: $TRACE_DSPY_DATA)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the held-out split and the fit (default 0)")
     parser.add_argument("--limit", type=int, help="fit on a seeded sample of about this many pool rows")
-    parser.add_argument("--output", type=Path, help="where to write the weights (default: the packaged file)")
-    parser.add_argument("--json", type=Path, help="also write the dev table and settings as JSON")
-    parser.add_argument("--check", action="store_true",
-                        help="refit without writing; exit 1 unless the dev table matches the weights at --output")
+    add_refit_args(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
-    setup_logging()
-    command = "python -m trace_dspy.fit_relevance " + shlex.join(a for a in argv if a != "--check")
-    try:
-        refit = refit_relevance(args.data, seed=args.seed, limit=args.limit, output=args.output, check=args.check,
-                                json_path=args.json, command=command)
-    except ValueError as exc:
-        return fail(str(exc))
-    return print_refit(refit)
+    return refit_main(argv, build_parser(), "fit_relevance", refit)
+
+
+def refit(args, command: str):
+    return refit_relevance(args.data, seed=args.seed, limit=args.limit, output=args.output, check=args.check,
+                            json_path=args.json, command=command)
 
 
 if __name__ == "__main__":

@@ -58,14 +58,19 @@ def _embedder(what: str):
     return embedder
 
 
-def _check_or_save(head, table: dict, *, output: Path, limit: int | None, check: bool, load: Callable,
+def _check_or_save(head, table: dict, *, output: Path, limit: int | None, check: bool, load_error: type,
                    same: Callable, json_path: Path | None, command: str, extras: Callable[[], dict]) -> bool | None:
-    """Compare with the weights at ``output`` (``check``), or record ``command`` and, for a full refit, the
-    ``extras`` (reproduce run, probes) in ``head.meta`` and save it; returns whether a check matched."""
+    """Compare with the weights at ``output`` (``check``; loading them may raise ``load_error``), or record
+    ``command`` and, for a full refit, the ``extras`` (reproduce run, probes) in ``head.meta`` and save it;
+    returns whether a check matched."""
     from trace_dspy.core.jsonl import atomic_write_json
 
     if check:
-        return recorded_table_matches(load(output).meta, limit, table, same)
+        try:
+            shipped = type(head).load(output)
+        except load_error as exc:
+            raise FitError(str(exc)) from exc
+        return recorded_table_matches(shipped.meta, limit, table, same)
     head.meta["command"] = command
     if limit is None:
         head.meta.update(extras())
@@ -147,7 +152,6 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
     from trace_dspy.optimize.relevance import (
         WEIGHTS_FILE,
         RelevanceError,
-        RelevanceHead,
         RelevanceScorer,
         fit_pool,
     )
@@ -179,13 +183,7 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
         return {"reproduce": {"limit": RELEVANCE_REPRODUCE_LIMIT, "dev_table": small.table},
                 "probes": [{"speaker": p, "reply": r, "p": s} for (p, r), s in zip(probes, scores)]}
 
-    def load(path: Path):
-        try:
-            return RelevanceHead.load(path)
-        except RelevanceError as exc:
-            raise FitError(str(exc)) from exc
-
-    matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check, load=load,
+    matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check, load_error=RelevanceError,
                              same=same_relevance_table, json_path=json_path, command=command, extras=extras)
     return Refit(text, output, matches)
 
@@ -198,7 +196,6 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
     from trace_dspy.optimize.empathy import (
         WEIGHTS_FILE,
         EmpathyScorer,
-        Head,
         ScorerError,
     )
     from trace_dspy.optimize.empathy_fit import fit_epitome, format_fit_table
@@ -229,13 +226,7 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
                 "probes": [{"seeker": p, "reply": r, "levels": [float(v) for v in row]}
                            for (p, r), row in zip(probes, levels)]}
 
-    def load(path: Path):
-        try:
-            return Head.load(path)
-        except ScorerError as exc:
-            raise FitError(str(exc)) from exc
-
-    matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check, load=load,
+    matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check, load_error=ScorerError,
                              same=same_empathy_table, json_path=json_path, command=command, extras=extras)
     return Refit(text, output, matches)
 
