@@ -8,7 +8,6 @@ import dspy
 import numpy as np
 import pytest
 from conftest import required
-from trace_dspy.optimize import metric as metric_module
 from trace_dspy.optimize.empathy import (
     NO_EMBED,
     WEIGHTS_FILE,

@@ -119,7 +119,7 @@ def test_tracing_is_off_unless_asked(tmp_path, monkeypatch):
     from trace_dspy.core import spans
     from trace_dspy.core.console import with_dspy_context
     from trace_dspy.program.pipeline import TraceProgram
-    from trace_dspy.store.tracking import tracing
+    from trace_dspy.store.traces import tracing
     from trace_dspy.testing.fakes import fake_lm
 
     assert not spans.enabled()
@@ -195,7 +195,8 @@ def test_candidates_and_reflection_rounds_are_spans(tmp_path):
 
     from trace_dspy import ProgramConfig, TraceProgram
     from trace_dspy.core import spans
-    from trace_dspy.store.tracking import prepare_tracing, tracing
+    from trace_dspy.store.tracking import prepare_tracing
+    from trace_dspy.store.traces import tracing
     from trace_dspy.testing.fakes import fake_lm
 
     prepare_tracing(f"sqlite:///{tmp_path / 'mlflow.db'}", "spans")

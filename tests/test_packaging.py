@@ -5,7 +5,6 @@ and runs it from any directory; the ``trace-dspy`` console script dispatches to 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -4,7 +4,6 @@ llama.cpp replay behind ``python -m trace_dspy.bench_local`` (see :mod:`trace_ds
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import dspy
 
@@ -164,14 +163,6 @@ def measure_batch_logits(threads: int = 2, positions: int = 16) -> list[dict]:
                      "same_top_token": bool(np.argmax(got) == np.argmax(ref))})
     llm.close()
     return rows
-
-
-def _write_record(path: Path | None, command: str, machine: dict, payload: dict) -> None:
-    """The JSON record of a measurement, when --output names one."""
-    if path:
-        from trace_dspy.core.jsonl import atomic_write_json
-
-        atomic_write_json(path, {"command": command, "machine": machine, **payload})
 
 
 def run_raw(history: list[dict], n_threads: int) -> dict:

@@ -107,7 +107,7 @@ def measure_prior_variants(source, situations, *, seed: int = 0, variants=VARIAN
 
 
 def prior_variants_markdown(result: dict[str, Any]) -> str:
-    from trace_dspy.bench.suite import PUBLISHED_EMOTION
+    from trace_dspy.bench.emotion import PUBLISHED_EMOTION
 
     items = result["items"]
     head = ["variant", f"dev ({items['dev']})", f"test TRACE view ({items['test']})",

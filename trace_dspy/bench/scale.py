@@ -44,7 +44,7 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
     from trace_dspy.workflows.loading import load_for_run
     from trace_dspy.workflows.serving import save_program_model
     from trace_dspy.workflows.settings import Settings
-    from trace_dspy.workflows.spark import lm_environment, respond_spark, spark_session
+    from trace_dspy.workflows.spark import lm_environment
 
     os.environ.setdefault(KEY_VAR, "unused")
     result: dict[str, Any] = {"items": len(dialogues), "latency_s": latency, "master": master, "runs": []}
@@ -69,34 +69,46 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
         model_save_s = time.perf_counter() - start
         env = lm_environment(lm_config)
         for n in task_threads:
-            # The thread count travels in the executor environment, which is fixed when a session
-            # starts: one session per value, each timed from its start.
-            started = time.perf_counter()
-            spark = spark_session(master, executor_env={**env, env_vars.THREADS: str(n)})
-            session_s = time.perf_counter() - started
-            slots = partitions or spark.sparkContext.defaultParallelism
-            try:
-                before = server.requests
-                start_job = time.perf_counter()
-                report = respond_spark(source, tmp / f"spark-{n}.jsonl", str(model_dir), spark=spark,
-                                       partitions=partitions)
-                done = time.perf_counter()
-            finally:
-                spark.stop()
-            result["runs"].append({
-                "engine": f"Spark {master}, {n} thread{'s' if n > 1 else ''} per task",
-                "wall_s": done - started + model_save_s, "startup_s": session_s + model_save_s,
-                "model_save_s": model_save_s, "session_start_s": session_s, "job_s": done - start_job,
-                "answered": report.answered, "failed": report.failed, "lm_calls": server.requests - before,
-                "slots": slots, "task_threads": n,
-                "dialogues_per_s": len(dialogues) / (done - started + model_save_s),
-                "dialogues_per_s_after_startup": len(dialogues) / (done - start_job)})
+            result["runs"].append(_spark_run(source, tmp / f"spark-{n}.jsonl", model_dir, server, master=master,
+                                             env={**env, env_vars.THREADS: str(n)}, partitions=partitions,
+                                             model_save_s=model_save_s, items=len(dialogues), task_threads=n))
         plain = json.loads((tmp / f"plain-{threads[0]}.jsonl").read_text().splitlines()[0])
         spark_first = json.loads((tmp / f"spark-{task_threads[0]}.jsonl").read_text().splitlines()[0])
         result["same_first_reply"] = plain.get("response") == spark_first.get("response")
     calls = [r["lm_calls"] / max(1, r["answered"]) for r in result["runs"]]
     result["lm_calls_per_dialogue"] = sum(calls) / len(calls)
     return result
+
+
+def _spark_run(source: Path, output: Path, model_dir, server, *, master: str, env: dict[str, str],
+               partitions: int | None, model_save_s: float, items: int, task_threads: int) -> dict[str, Any]:
+    """One Spark session answering ``source``, timed from its start.
+
+    The thread count travels in the executor environment, which is fixed when a session starts: one
+    session per ``task_threads`` value.
+    """
+    from trace_dspy.workflows.spark import respond_spark, spark_session
+
+    started = time.perf_counter()
+    spark = spark_session(master, executor_env=env)
+    session_s = time.perf_counter() - started
+    slots = partitions or spark.sparkContext.defaultParallelism
+    try:
+        before = server.requests
+        start_job = time.perf_counter()
+        report = respond_spark(source, output, str(model_dir), spark=spark, partitions=partitions)
+        done = time.perf_counter()
+    finally:
+        spark.stop()
+    n = task_threads
+    return {
+        "engine": f"Spark {master}, {n} thread{'s' if n > 1 else ''} per task",
+        "wall_s": done - started + model_save_s, "startup_s": session_s + model_save_s,
+        "model_save_s": model_save_s, "session_start_s": session_s, "job_s": done - start_job,
+        "answered": report.answered, "failed": report.failed, "lm_calls": server.requests - before,
+        "slots": slots, "task_threads": n,
+        "dialogues_per_s": items / (done - started + model_save_s),
+        "dialogues_per_s_after_startup": items / (done - start_job)}
 
 
 def project(result: dict[str, Any], *, hosted_latency_s: float = 1.0, executors: Sequence[int] = (1, 4, 16, 64),

@@ -89,7 +89,8 @@ def traced(enabled: bool):
     import dspy
 
     from trace_dspy.core import spans
-    from trace_dspy.store.tracking import flush_traces, prepare_tracing, tracing
+    from trace_dspy.store.tracking import prepare_tracing
+    from trace_dspy.store.traces import flush_traces, tracing
 
     prepare_tracing(None, DEFAULT_EXPERIMENT)
     callback = spans.lm_span_callback()
@@ -292,19 +293,70 @@ def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
 
-def check_refit(shipped_meta: dict[str, Any], limit: int | None, table: dict, same, output) -> int:
-    """``--check`` of a refit command: compare its dev table with the one recorded in the shipped head.
+def add_refit_args(parser: argparse.ArgumentParser) -> None:
+    """--output, --json and --check of a head's refit command."""
+    parser.add_argument("--output", type=Path, help="where to write the weights (default: the packaged file)")
+    parser.add_argument("--json", type=Path, help="also write the dev table and settings as JSON")
+    parser.add_argument("--check", action="store_true",
+                        help="refit without writing; exit 1 unless the dev table matches the weights at --output")
 
-    A full refit is compared with the head's ``dev_table``; one with ``--limit`` with the recorded
-    ``reproduce`` run of that limit. Prints whether they match; returns the exit code.
-    """
-    reproduce = shipped_meta.get("reproduce") or {}
-    if limit is None:
-        expected = shipped_meta.get("dev_table")
-    elif limit == reproduce.get("limit"):
-        expected = reproduce.get("dev_table")
-    else:
-        return fail(f"--check compares a full refit, or one with --limit {reproduce.get('limit')}")
-    matches = same(expected or {}, table)
-    print(("matches " if matches else "DIFFERS from ") + str(output))
-    return 0 if matches else 1
+
+def refit_main(argv: list[str], parser: argparse.ArgumentParser, module: str, refit) -> int:
+    """A refit command: parse ``argv``, call ``refit(args, command)`` (a ``workflows.fits`` refit), print it;
+    the exit code. The recorded command leaves out ``--check``."""
+    import shlex
+
+    args = parser.parse_args(argv)
+    setup_logging()
+    command = f"python -m trace_dspy.{module} " + shlex.join(a for a in argv if a != "--check")
+    try:
+        result = refit(args, command)
+    except ValueError as exc:
+        return fail(str(exc))
+    return print_refit(result)
+
+
+def print_refit(refit) -> int:
+    """Print a head's refit (a ``workflows.fits.Refit``): its table, then where the weights went or, for
+    ``--check``, whether the table matches the recorded one; returns the exit code (1: it differs)."""
+    print(refit.text)
+    if refit.matches is None:
+        print(f"weights: {refit.output}")
+        return 0
+    print(("matches " if refit.matches else "DIFFERS from ") + str(refit.output))
+    return 0 if refit.matches else 1
+
+
+def add_embedded_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of the embedded-model bench (``bench_local``, ``bench embedded``)."""
+    parser.add_argument("--data", help="data source (default: $TRACE_DSPY_DATA, else the seed set)")
+    parser.add_argument("--limit", type=int, default=100)
+    parser.add_argument("--reuse-limit", type=int, default=20, help="dialogues for the no-reuse run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-raw", action="store_true", help="skip the raw llama.cpp replay")
+    parser.add_argument("--no-reuse-run", action="store_true", help="skip the prefix-reuse-off run")
+    parser.add_argument("--best-of", type=lambda v: [int(x) for x in v.split(",")], metavar="N,N,...",
+                        help="only measure Best-of-N on the reply stage for these N (the first is the baseline)")
+    parser.add_argument("--threads", type=int, help="llama.cpp threads (default: the engine's)")
+    parser.add_argument("--batching", action="store_true",
+                        help="only measure decode steps with 1-8 sequences per llama.cpp batch")
+    parser.add_argument("--guard", action="store_true",
+                        help="only compare the loop guard off and on (with retrieval from the data's pool)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only time prompt reading against generation (with retrieval from the data's pool)")
+    parser.add_argument("--batch-logits", action="store_true",
+                        help="only check whether batched logits equal one-token-at-a-time logits")
+    parser.add_argument("--output", type=Path, help="write the results as JSON")
+
+
+def run_embedded_command(argv: list[str], prog: str, description: str) -> int:
+    """Parse the embedded-model bench's flags, measure, print the table; the exit code."""
+    from trace_dspy.bench.embedded import EmbeddedOptions, run_embedded
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_embedded_args(parser)
+    args = parser.parse_args(argv)
+    setup_logging()
+    options = EmbeddedOptions(**vars(args), command="python -m trace_dspy.bench_local " + " ".join(argv))
+    print(run_embedded(options))
+    return 0

@@ -16,6 +16,7 @@ current champion's. It ends with the before/after table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from trace_dspy.cli.common import (
@@ -32,7 +33,7 @@ from trace_dspy.cli.common import (
 from trace_dspy.core.config import ConfigError
 from trace_dspy.data.sources import DataError
 from trace_dspy.optimize.optimizers import OPTIMIZERS
-from trace_dspy.workflows.compile import CompileConfig, CompileFailed, _log, run_compile
+from trace_dspy.workflows.compile import CompileConfig, CompileFailed, run_compile
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 
 
@@ -91,6 +92,7 @@ def config_from_args(argv: list[str]) -> CompileConfig:
         "simba_candidates", "simba_bsize", "opener_items", "plan_items")}
     optimizer = settings.optimizer(**flags, name=args.optimizer or None,
                                    seed=(settings.raw.get("optimizer") or {}).get("seed", args.seed))
+    default = {f.name: f.default for f in dataclasses.fields(CompileConfig)}
     cfg = CompileConfig(
         settings=settings,
         optimizer=optimizer,
@@ -100,15 +102,16 @@ def config_from_args(argv: list[str]) -> CompileConfig:
         dev=args.dev if args.dev is not None else settings.data.dev,
         val=args.val if args.val is not None else settings.data.val,
         seed=args.seed,
-        name=args.name or "trace-dspy",
+        name=args.name or default["name"],
         artifacts_dir=args.artifacts_dir,
-        threads=args.threads or 4,
+        threads=args.threads or default["threads"],
         tracking_uri=args.tracking_uri,
         experiment=args.experiment,
         mlflow=not args.no_mlflow,
         trace=args.trace,
-        registered_model=args.registered_model or "trace-dspy",
-        max_failure_rate=args.max_failure_rate if args.max_failure_rate is not None else 0.5,
+        registered_model=args.registered_model or default["registered_model"],
+        max_failure_rate=(args.max_failure_rate if args.max_failure_rate is not None
+                          else default["max_failure_rate"]),
         command=command_line("compile", argv),
         extra={"verbose": args.verbose},
     )
@@ -117,24 +120,6 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     if cfg.val < 0:
         raise ConfigError("--val must be at least 0")
     return cfg
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     except CompileFailed as exc:
         return fail(f"{exc} No artifact version was written.", code=1)
     except KeyboardInterrupt:
-        _log("\ninterrupted: no artifact version was written (versions appear only when complete)")
+        print("\ninterrupted: no artifact version was written (versions appear only when complete)", file=sys.stderr,
+              flush=True)
         return 130
     print(result.table())
     if result.after.get("collapsed"):

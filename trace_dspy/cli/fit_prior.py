@@ -13,21 +13,18 @@ the prior it fits. See :mod:`trace_dspy.program.emotion_prior`.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
-from trace_dspy.program.emotion_prior import SHIPPED, PriorError, fit_from_source
+from trace_dspy.cli.common import add_situations_arg
+from trace_dspy.data.sources import DataError
+from trace_dspy.program.emotion_prior import SHIPPED, PriorError
+from trace_dspy.workflows.fits import refit_prior
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Refit the shipped prior (or write one elsewhere) from a data source's pool and the situations."""
-    import argparse
-    import sys
-
-    from trace_dspy.cli.common import add_situations_arg
-    from trace_dspy.data.situations import resolve_situations
-    from trace_dspy.data.sources import DataError, resolve_source
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trace_dspy.fit_prior",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="an ED folder (valid.csv, test.csv) or another data source")
@@ -36,20 +33,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=SHIPPED, help=f"where to write it (default {SHIPPED})")
     parser.add_argument("--refit-on-dev", action=argparse.BooleanOptionalAction, default=False,
                         help="after dev picks C, refit on train and dev together (default off)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Refit the shipped prior (or write one elsewhere) from a data source's pool and the situations."""
+    args = build_parser().parse_args(argv)
     try:
-        situations = resolve_situations(args.situations)
-        source = resolve_source(args.data, seed=args.seed)
-        prior = fit_from_source(source, situations=situations, seed=args.seed, refit_on_dev=args.refit_on_dev)
-        prior.save(args.output)
+        shown = refit_prior(args.data, situations=args.situations, seed=args.seed, output=args.output,
+                            refit_on_dev=args.refit_on_dev)
     except (DataError, PriorError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"output": str(args.output), "size_bytes": args.output.stat().st_size, **prior.describe()},
-                     indent=2))
+    print(json.dumps(shown, indent=2))
     return 0
 
 

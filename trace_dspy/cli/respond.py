@@ -203,7 +203,7 @@ def _run_spark(args: argparse.Namespace) -> int:
     """--engine spark: the program's MLflow pyfunc model on Spark, with respond's batch file contract."""
     try:
         settings = settings_from_args(args)
-        from trace_dspy.store.tracking import resolve_tracking_uri
+        from trace_dspy.store.tracking import use_tracking_store
         from trace_dspy.workflows.spark import (
             SparkUnavailable,
             lm_environment,
@@ -213,9 +213,7 @@ def _run_spark(args: argparse.Namespace) -> int:
         )
     except (ConfigError, ValueError) as exc:
         return fail(str(exc))
-    import mlflow
-
-    mlflow.set_tracking_uri(resolve_tracking_uri(None))
+    use_tracking_store(None)
     env = lm_environment(settings.lm) if settings.lm_explicit else {}
     if settings.trust_artifact_lm:
         env[env_vars.TRUST_ARTIFACT_LM] = "1"

@@ -6,7 +6,7 @@ worker threads started through :func:`trace_dspy.core.console.with_dspy_context`
 
 This module decides when a span is recorded and what it holds (JSON-able inputs, outputs and attributes
 only); the recorder does the recording. The MLflow one, which masks credentials in every span before
-MLflow stores it, is ``trace_dspy.store.tracking.tracing``: the layers above turn tracing on through it.
+MLflow stores it, is ``trace_dspy.store.traces.tracing``: the layers above turn tracing on through it.
 """
 
 from __future__ import annotations

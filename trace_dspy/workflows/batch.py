@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,44 +351,63 @@ def respond_batch(
     or is missing. A row that cannot be written (disk full) stops the run
     with ``OutputWriteError``; every row written before it is kept.
     """
+    input_path = Path(input_path)
+
+    def answer_all(plan: ResumePlan, write) -> None:
+        with progress(total=len(plan.todo), desc="respond") as bar:
+            if threads <= 1:
+                for item in plan.todo:
+                    write(_answer(program, lm, plan, input_path, item))
+                    bar.update(1)
+                return
+            pool = ThreadPoolExecutor(max_workers=threads)
+            try:
+                for rec in pool.map(with_dspy_context(lambda item: _answer(program, lm, plan, input_path, item)), plan.todo):
+                    write(rec)  # from this thread only
+                    bar.update(1)
+            finally:
+                # On Ctrl-C, drop the queued lines instead of waiting for them.
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    return run_resumable(input_path, output_path, answer_all)
+
+
+def _answer(program, lm, plan: ResumePlan, input_path: Path, item: tuple[str, Any, int]) -> dict:
+    """One line's row: the program's answer, or the error that stopped it."""
     from contextlib import nullcontext
 
     from trace_dspy.core.safety import redact
     from trace_dspy.lm.specs import fresh_calls, use_lm
 
-    input_path, output_path = Path(input_path), Path(output_path)
-    plan = plan_batch(input_path, output_path)
+    item_id, dialogue, line = item
+    if isinstance(dialogue, Exception):
+        return plan.row(item_id, line, error=f"{input_path}:{line}: {dialogue}")
+    try:
+        with (fresh_calls() if item_id in plan.retry else nullcontext()), use_lm(lm):
+            pred = program(dialogue=dialogue)
+    except DialogueError as exc:
+        return plan.row(item_id, line, error=f"{input_path}:{line}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one bad line must not stop the batch
+        return plan.row(item_id, line, error=redact(f"{type(exc).__name__}: {exc}"))
+    return plan.row(item_id, line, dialogue=pred.dialogue, response=pred.response, stages=stage_outputs(pred))
+
+
+def run_resumable(input_path: str | os.PathLike, output_path: str | os.PathLike,
+                  answer_all: Callable[[ResumePlan, Callable[[dict], None]], None], *,
+                  on_row: Callable[[dict], None] | None = None) -> BatchReport:
+    """The resume bookkeeping of a batch, whatever answers it (threads here, Spark in workflows.spark).
+
+    Plans the run against the earlier output (:func:`plan_batch`), moves stale rows aside, calls
+    ``answer_all(plan, write)`` to answer ``plan.todo`` (``write`` appends one row, then calls
+    ``on_row``), and rewrites the output in input order; returns the report.
+    """
+    plan = plan_batch(Path(input_path), Path(output_path))
     plan.move_aside()
-    todo, retry = plan.todo, plan.retry
-
-    def answer(item: tuple[str, Any, int]) -> dict:
-        item_id, dialogue, line = item
-        if isinstance(dialogue, Exception):
-            return plan.row(item_id, line, error=f"{input_path}:{line}: {dialogue}")
-        try:
-            with (fresh_calls() if item_id in retry else nullcontext()), use_lm(lm):
-                pred = program(dialogue=dialogue)
-        except DialogueError as exc:
-            return plan.row(item_id, line, error=f"{input_path}:{line}: {exc}")
-        except Exception as exc:  # one bad line must not stop the batch
-            return plan.row(item_id, line, error=redact(f"{type(exc).__name__}: {exc}"))
-        return plan.row(item_id, line, dialogue=pred.dialogue, response=pred.response, stages=stage_outputs(pred))
-
-    with AppendWriter(output_path) as out, progress(total=len(todo), desc="respond") as bar:
-        def write(rec: dict) -> None:  # called from this thread only
+    with AppendWriter(Path(output_path)) as out:
+        def write(rec: dict) -> None:
             plan.append(out, rec)
-            bar.update(1)
+            if on_row:
+                on_row(rec)
 
-        if threads <= 1:
-            for item in todo:
-                write(answer(item))
-        else:
-            pool = ThreadPoolExecutor(max_workers=threads)
-            try:
-                for rec in pool.map(with_dspy_context(answer), todo):
-                    write(rec)
-            finally:
-                # On Ctrl-C, drop the queued lines instead of waiting for them.
-                pool.shutdown(wait=False, cancel_futures=True)
-
+        answer_all(plan, write)
     return plan.finish()

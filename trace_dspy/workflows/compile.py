@@ -377,7 +377,8 @@ def _mlflow_context(cfg: CompileConfig):
 def _log_evaluation_runs(cfg: CompileConfig, source, before_rows: list, after_rows: list, model_id: str) -> None:
     """Child runs ``dev before`` and ``dev after``: MLflow evaluation runs over the dev traces."""
     from trace_dspy.store.evaluations import log_evaluation
-    from trace_dspy.store.tracking import flush_traces, mlflow_run
+    from trace_dspy.store.tracking import mlflow_run
+    from trace_dspy.store.traces import flush_traces
 
     dataset = {**source.describe(), "split": "dev", "view": "longest", "seed": cfg.seed}
     flush_traces()  # once for both

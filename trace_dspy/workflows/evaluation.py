@@ -48,7 +48,7 @@ from trace_dspy.optimize.scorers import (
     safe_mean,
     token_f1,
 )
-from trace_dspy.store import tracking
+from trace_dspy.store.traces import tracing as record_traces
 from trace_dspy.workflows.settings import Settings
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
@@ -165,25 +165,9 @@ def evaluate_program(
     ids = [e.get("sample_id") or e.dialogue for e in examples]
     if len(set(ids)) != len(ids):
         raise ValueError("examples must have unique sample_id values")
-    done: dict[str, dict] = {}
-    if results_path is not None:
-        wanted = set(ids)
-        previous = read_records(results_path, accept=lambda r: "error" in r or "prediction" in r,
-                                what="evaluation rows")
-        done = {k: v for k, v in previous.items() if "error" not in v and k in wanted and "prediction" in v}
-        # Failed rows are asked again past DSPy's cache, which would replay the failed reply.
-        retry = {k for k, v in previous.items() if "error" in v and k in wanted}
-    else:
-        retry = set()
+    done, retry = _resume(results_path, ids, examples, metric)
     todo = [e for e, i in zip(examples, ids) if i not in done]
-    # Rows kept from an earlier run under another metric are scored again (no LM call for the program).
-    signature = metric.signature
-    by_id = dict(zip(ids, examples))
-    for key, row in done.items():
-        if row.get("metric_signature") != signature:
-            score_row(row, metric, by_id[key])
     rows: dict[str, dict] = dict(done)
-    failures = 0
 
     def task(example):
         with (fresh_calls() if (example.get("sample_id") or example.dialogue) in retry else nullcontext()), use_lm(lm):
@@ -192,27 +176,11 @@ def evaluate_program(
     writer = AppendWriter(results_path) if results_path is not None else None
     callbacks = [*(dspy.settings.config.get("callbacks") or []), spans.lm_span_callback()] if trace else None
     try:
-        with progress(total=len(todo), desc=desc) as bar, tracking.tracing(trace), \
+        with progress(total=len(todo), desc=desc) as bar, record_traces(trace), \
                 (dspy.context(callbacks=callbacks) if trace else nullcontext()), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            work = with_dspy_context(task)
-            pending = {pool.submit(work, e) for e in todo}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    row = fut.result()
-                    rows[row["id"]] = row
-                    failures += "error" in row
-                    if writer:
-                        writer.write(row)
-                    bar.update(1)
-                finished_count = len(rows) - len(done)
-                if (max_failure_rate is not None and finished_count >= MIN_EXAMPLES_FOR_FAILURE_STOP
-                        and failures / finished_count > max_failure_rate):
-                    for fut in pending:
-                        fut.cancel()
-                    sample = next(r["error"] for r in rows.values() if "error" in r)
-                    raise _too_many_failures(failures, finished_count, max_failure_rate, sample, results_path)
+            _collect(pool, with_dspy_context(task), todo, rows, writer=writer, bar=bar, done_count=len(done),
+                     max_failure_rate=max_failure_rate, results_path=results_path)
     finally:
         if writer:
             writer.close()
@@ -223,6 +191,51 @@ def evaluate_program(
         raise _too_many_failures(len(failed), len(ordered), max_failure_rate, failed[0], results_path)
     summary = summarize(ordered, reference_dist2=reference_dist2, metric_config=metric.config)
     return EvalResult(summary, ordered, Path(results_path) if results_path else None)
+
+
+def _resume(results_path, ids: list, examples: Sequence[dspy.Example],
+            metric: EmpathyMetric) -> tuple[dict[str, dict], set[str]]:
+    """The rows of an earlier run to keep (rescored when the metric changed) and the failed ids to ask again."""
+    done: dict[str, dict] = {}
+    retry: set[str] = set()
+    if results_path is not None:
+        wanted = set(ids)
+        previous = read_records(results_path, accept=lambda r: "error" in r or "prediction" in r,
+                                what="evaluation rows")
+        done = {k: v for k, v in previous.items() if "error" not in v and k in wanted and "prediction" in v}
+        # Failed rows are asked again past DSPy's cache, which would replay the failed reply.
+        retry = {k for k, v in previous.items() if "error" in v and k in wanted}
+    # Rows kept from an earlier run under another metric are scored again (no LM call for the program).
+    signature = metric.signature
+    by_id = dict(zip(ids, examples))
+    for key, row in done.items():
+        if row.get("metric_signature") != signature:
+            score_row(row, metric, by_id[key])
+    return done, retry
+
+
+def _collect(pool, work, todo: list, rows: dict[str, dict], *, writer, bar, done_count: int,
+             max_failure_rate: float | None, results_path) -> None:
+    """Run ``work`` on every example of ``todo`` in ``pool``; each row goes into ``rows`` and to ``writer``
+    as it finishes. Stops early (FailureRateExceeded) when too many of the new rows failed."""
+    failures = 0
+    pending = {pool.submit(work, e) for e in todo}
+    while pending:
+        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for fut in finished:
+            row = fut.result()
+            rows[row["id"]] = row
+            failures += "error" in row
+            if writer:
+                writer.write(row)
+            bar.update(1)
+        finished_count = len(rows) - done_count
+        if (max_failure_rate is not None and finished_count >= MIN_EXAMPLES_FOR_FAILURE_STOP
+                and failures / finished_count > max_failure_rate):
+            for fut in pending:
+                fut.cancel()
+            sample = next(r["error"] for r in rows.values() if "error" in r)
+            raise _too_many_failures(failures, finished_count, max_failure_rate, sample, results_path)
 
 
 def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None = None,
@@ -276,17 +289,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         summary["rouge_l"] = sum(rouge_l(g, h) for g, h in zip(golds, replies)) / len(rows)
         summary["token_f1"] = sum(token_f1(g, h) for g, h in zip(golds, replies)) / len(rows)
     if ok_replies:
-        summary["dist1"] = distinct_n(ok_replies, 1)
-        summary["dist2"] = distinct_n(ok_replies, 2)
-        summary["ead1"] = ead_n(ok_replies, 1)
-        summary["ead2"] = ead_n(ok_replies, 2)
-        summary["length"] = mean_length(ok_replies)
-        for rule in ("brief", "reuses_detail", "no_advice", "not_parroting"):
-            summary[f"rule_{rule}"] = safe_mean(float((r.get("rules") or {}).get(rule, False)) for r in ok)
-        judged = [r["judge"] for r in ok if r.get("judge")]
-        for key in ("emotional_reaction", "interpretation", "exploration", "relevance", "fluency"):
-            if judged:
-                summary[f"judge_{key}"] = sum(j[key] for j in judged) / len(judged)
+        summary.update(_reply_numbers(ok, ok_replies))
     for kind_key in ("similarity_kind", "empathy_kind"):
         kinds = {r.get(kind_key) for r in ok if r.get(kind_key)}
         summary[kind_key] = ",".join(sorted(kinds)) or None
@@ -295,6 +298,23 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         for name in ("emotion_group", "strategy", "cause_category")
     }
     return summary
+
+
+def _reply_numbers(ok: Sequence[dict[str, Any]], ok_replies: list[str]) -> dict[str, Any]:
+    """Diversity, length, rule pass rates and judge means of the replies of the rows that did not fail."""
+    out: dict[str, Any] = {}
+    out["dist1"] = distinct_n(ok_replies, 1)
+    out["dist2"] = distinct_n(ok_replies, 2)
+    out["ead1"] = ead_n(ok_replies, 1)
+    out["ead2"] = ead_n(ok_replies, 2)
+    out["length"] = mean_length(ok_replies)
+    for rule in ("brief", "reuses_detail", "no_advice", "not_parroting"):
+        out[f"rule_{rule}"] = safe_mean(float((r.get("rules") or {}).get(rule, False)) for r in ok)
+    judged = [r["judge"] for r in ok if r.get("judge")]
+    for key in ("emotional_reaction", "interpretation", "exploration", "relevance", "fluency"):
+        if judged:
+            out[f"judge_{key}"] = sum(j[key] for j in judged) / len(judged)
+    return out
 
 
 def format_table(summaries: dict[str, dict[str, Any]], keys: Sequence[str] | None = None) -> str:

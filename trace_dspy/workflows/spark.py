@@ -23,11 +23,17 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from trace_dspy.core.extras import install_hint
 from trace_dspy.workflows.batch import BatchReport
-from trace_dspy.workflows.serving import ENV_API_BASE, ENV_CACHE, ENV_KEY_ENV, ENV_LM, ENV_TIMEOUT, OUTPUT_COLUMNS
+from trace_dspy.workflows.serving import (
+    ENV_API_BASE,
+    ENV_CACHE,
+    ENV_KEY_ENV,
+    ENV_LM,
+    ENV_TIMEOUT,
+    OUTPUT_COLUMNS,
+)
 
 RESULT_DDL = ", ".join(f"{c} string" for c in OUTPUT_COLUMNS)
 MISSING_SPARK = f'the Spark engine needs the "spark" extra ({install_hint("spark")}) and Java 17 or newer'
@@ -157,56 +163,61 @@ def respond_spark(input_path: str | os.PathLike, output_path: str | os.PathLike,
     The dialogues go to Spark in chunks (default: 16 per partition, at least 64), each one job spread over
     ``partitions`` tasks; a chunk's rows are on disk before the next chunk starts, so an interrupted run
     loses at most the chunk in flight."""
+    from trace_dspy.workflows.batch import (
+        run_resumable,  # the plain batch's resume rules
+    )
+
+    def answer_all(plan, write) -> None:
+        rows = _spark_rows(plan, write, Path(input_path))
+        if not rows:
+            return
+        session = spark if spark is not None else spark_session(master, executor_env=executor_env)
+        try:
+            _answer_on_spark(session, model_uri, plan, rows, write, partitions=partitions, chunk=chunk)
+        finally:
+            if spark is None:
+                session.stop()
+
+    return run_resumable(input_path, output_path, answer_all, on_row=on_row)
+
+
+def _spark_rows(plan, write, input_path: Path) -> list[tuple[int, str]]:
+    """(position in ``plan.todo``, canonical dialogue) for Spark; lines that are not dialogues fail here,
+    without a trip to Spark."""
     from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
-    from trace_dspy.core.jsonl import AppendWriter
-    from trace_dspy.workflows.batch import plan_batch
 
-    input_path, output_path = Path(input_path), Path(output_path)
-    plan = plan_batch(input_path, output_path)  # the plain batch's resume rules: see respond_batch
-    plan.move_aside()
-    todo = plan.todo
-    own_session = spark is None
-    with AppendWriter(output_path) as out:
-        def write(rec: dict[str, Any]) -> None:
-            plan.append(out, rec)
-            if on_row:
-                on_row(rec)
-
-        # Lines that are not dialogues fail here, without a trip to Spark; the rest go as canonical strings.
-        rows = []
-        for n, (item_id, dialogue, line) in enumerate(todo):
-            text = plan.canonical[item_id]
-            if text is not None:
-                rows.append((n, text))
-                continue
-            if not isinstance(dialogue, Exception):
-                try:
-                    normalize_dialogue(dialogue)
-                except DialogueError as exc:
-                    dialogue = exc
-            write(plan.row(item_id, line, error=f"{input_path}:{line}: {dialogue}"))
-        if rows:
-            if own_session:
-                spark = spark_session(master, executor_env=executor_env)
+    rows = []
+    for n, (item_id, dialogue, line) in enumerate(plan.todo):
+        text = plan.canonical[item_id]
+        if text is not None:
+            rows.append((n, text))
+            continue
+        if not isinstance(dialogue, Exception):
             try:
-                slices = partitions or spark.sparkContext.defaultParallelism
-                size = chunk or max(64, 16 * slices)
-                udf = trace_udf(spark, model_uri)
-                for start in range(0, len(rows), size):
-                    part = rows[start:start + size]
-                    df = spark.createDataFrame(spark.sparkContext.parallelize(part, max(1, min(slices, len(part)))),
-                                               "row long, dialogue string")
-                    for row in sorted(respond_dataframe(spark, df, udf=udf).collect(), key=lambda r: r["row"]):
-                        item_id, _, line = todo[row["row"]]
-                        if row["error"]:
-                            write(plan.row(item_id, line, error=row["error"]))
-                        else:
-                            write(plan.row(item_id, line, dialogue=row["dialogue"], response=row["reply"],
-                                           stages=json.loads(row["stages"])))
-            finally:
-                if own_session:
-                    spark.stop()
-    return plan.finish()
+                normalize_dialogue(dialogue)
+            except DialogueError as exc:
+                dialogue = exc
+        write(plan.row(item_id, line, error=f"{input_path}:{line}: {dialogue}"))
+    return rows
+
+
+def _answer_on_spark(spark, model_uri: str, plan, rows: list[tuple[int, str]], write, *, partitions: int | None,
+                     chunk: int | None) -> None:
+    """Answer ``rows`` in chunks, each one Spark job; a chunk's rows are written before the next starts."""
+    slices = partitions or spark.sparkContext.defaultParallelism
+    size = chunk or max(64, 16 * slices)
+    udf = trace_udf(spark, model_uri)
+    for start in range(0, len(rows), size):
+        part = rows[start:start + size]
+        df = spark.createDataFrame(spark.sparkContext.parallelize(part, max(1, min(slices, len(part)))),
+                                   "row long, dialogue string")
+        for row in sorted(respond_dataframe(spark, df, udf=udf).collect(), key=lambda r: r["row"]):
+            item_id, _, line = plan.todo[row["row"]]
+            if row["error"]:
+                write(plan.row(item_id, line, error=row["error"]))
+            else:
+                write(plan.row(item_id, line, dialogue=row["dialogue"], response=row["reply"],
+                               stages=json.loads(row["stages"])))
 
 
 def temporary_workdir() -> tempfile.TemporaryDirectory:
