@@ -28,14 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from trace_dspy.cli.common import (
-    add_model_args,
-    add_trace_arg,
-    enter_tracing,
-    fail,
-    settings_from_args,
-    setup_logging,
-)
+from trace_dspy.cli.common import add_model_args, add_trace_arg, enter_tracing, fail, settings_from_args, setup_logging
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError
 from trace_dspy.core.safety import redact, terminal_safe

@@ -20,16 +20,8 @@ import dataclasses
 import sys
 
 from trace_dspy.cli.common import (
-    add_data_args,
-    add_model_args,
-    add_situations_arg,
-    add_tracking_args,
-    command_line,
-    fail,
-    failure_rate,
-    settings_from_args,
-    setup_logging,
-)
+    add_data_args, add_model_args, add_situations_arg, add_tracking_args, command_line, fail, failure_rate,
+    settings_from_args, setup_logging)
 from trace_dspy.core.config import ConfigError
 from trace_dspy.data.sources import DataError
 from trace_dspy.optimize.optimizers import OPTIMIZERS

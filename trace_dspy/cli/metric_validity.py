@@ -35,12 +35,7 @@ import sys
 from pathlib import Path
 
 from trace_dspy.bench.validity_study import run_validity
-from trace_dspy.cli.common import (
-    add_model_args,
-    fail,
-    settings_from_args,
-    setup_logging,
-)
+from trace_dspy.cli.common import add_model_args, fail, settings_from_args, setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:

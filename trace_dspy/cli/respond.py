@@ -29,14 +29,7 @@ from pathlib import Path
 
 import dspy
 
-from trace_dspy.cli.common import (
-    add_model_args,
-    add_trace_arg,
-    enter_tracing,
-    fail,
-    settings_from_args,
-    setup_logging,
-)
+from trace_dspy.cli.common import add_model_args, add_trace_arg, enter_tracing, fail, settings_from_args, setup_logging
 from trace_dspy.core import env as env_vars
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue

@@ -7,7 +7,6 @@ conversations. Errors name the file and the line.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import logging
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from trace_dspy.core.console import warn_once
 from trace_dspy.core.labels import EMOTIONS
-from trace_dspy.data.samples import DataError, Sample
+from trace_dspy.data.samples import DataError, Sample, csv_rows
 
 log = logging.getLogger(__name__)
 
@@ -47,34 +46,13 @@ def _read_rows(path: Path) -> Rows:
     except OSError as exc:
         raise DataError(f"{path}: cannot open: {exc.strerror}") from None
     with fh:
-        reader = csv.reader(fh)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise DataError(f"{path}: file is empty") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}:1: cannot read header: {exc}") from None
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}; got {header}")
-        col = {name: header.index(name) for name in COLUMNS}
-        while True:
+        for line, values in csv_rows(fh, path, COLUMNS):
+            row = dict(zip(COLUMNS, values))
+            did, text, emotion = row["dialogue_id"], row["text"], row["dialogue_emotion"]
             try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except (csv.Error, UnicodeDecodeError) as exc:
-                raise DataError(f"{path}:{reader.line_num}: malformed CSV: {exc}") from None
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise DataError(f"{path}:{line}: expected {len(header)} fields, found {len(row)}")
-            did, text, emotion = row[col["dialogue_id"]], row[col["text"]], row[col["dialogue_emotion"]]
-            try:
-                turn = int(row[col["turns"]])
+                turn = int(row["turns"])
             except ValueError:
-                raise DataError(f"{path}:{line}: turns must be an integer, got {row[col['turns']]!r}") from None
+                raise DataError(f"{path}:{line}: turns must be an integer, got {row['turns']!r}") from None
             if not text.strip():
                 raise DataError(f"{path}:{line}: empty text")
             rows[did].append((turn, text.strip(), emotion, line))

@@ -6,6 +6,7 @@ A :class:`Sample` is the conversation so far (ending on the speaker) and the gol
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 
 import dspy
@@ -15,6 +16,47 @@ from trace_dspy.core.dialogue import LISTENER, SPEAKER, Turn, render_dialogue
 
 class DataError(ValueError):
     """A data source is missing or malformed; the message names file and line."""
+
+
+def csv_columns(reader, path, columns, *, what: str = "file") -> tuple[list[str], list[int]]:
+    """Read the header row of a ``csv.reader`` over ``path``: the header and the positions of ``columns``.
+
+    An empty file, an unreadable header or a missing column is a DataError naming the file and line 1;
+    ``what`` names the file in those messages.
+    """
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DataError(f"{path}: {what} is empty") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}:1: cannot read the header: {exc}") from None
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}; expected {','.join(columns)}, "
+                        f"got {','.join(header)}")
+    return header, [header.index(c) for c in columns]
+
+
+def csv_rows(fh, path, columns, *, what: str = "file", strict: bool = False):
+    """The rows of an open CSV file as (line number, the values of ``columns``), blank lines skipped.
+
+    A malformed row or one with a different number of fields than the header is a DataError naming the
+    file and line; ``strict`` makes an unclosed quote one too instead of a field that runs to the end.
+    """
+    reader = csv.reader(fh, strict=strict)
+    header, at = csv_columns(reader, path, columns, what=what)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise DataError(f"{path}:{reader.line_num}: malformed CSV: {exc}") from None
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise DataError(f"{path}:{reader.line_num}: expected {len(header)} fields, found {len(row)}")
+        yield reader.line_num, [row[i] for i in at]
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from the dialogues alone.
 
 from __future__ import annotations
 
-import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trace_dspy.core import env
 from trace_dspy.core.labels import EMOTIONS
+from trace_dspy.data.samples import csv_rows
 from trace_dspy.data.sources import DataError, _fingerprint
 
 SITUATIONS_ENV = env.SITUATIONS
@@ -57,30 +57,9 @@ def read_situations(path: str | os.PathLike) -> Situations:
     texts: list[str] = []
     labels: list[str] = []
     with fh:
-        reader = csv.reader(fh, strict=True)  # an unclosed quote is an error, not a field to the end
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise DataError(f"{path}: the situations file is empty") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}:1: cannot read the header: {exc}") from None
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise DataError(f"{path}:1: header lacks column(s) {', '.join(missing)}; expected {','.join(COLUMNS)}")
-        at = [header.index(c) for c in COLUMNS]
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except (csv.Error, UnicodeDecodeError) as exc:
-                raise DataError(f"{path}:{reader.line_num}: malformed CSV: {exc}") from None
-            if not row:
-                continue
-            line = reader.line_num
-            if len(row) != len(header):
-                raise DataError(f"{path}:{line}: expected {len(header)} fields, found {len(row)}")
-            text, emotion = row[at[0]].strip(), row[at[1]].strip()
+        # strict: an unclosed quote is an error, not a field that runs to the end of the file
+        for line, (text, emotion) in csv_rows(fh, path, COLUMNS, what="the situations file", strict=True):
+            text, emotion = text.strip(), emotion.strip()
             if not text:
                 raise DataError(f"{path}:{line}: empty situation")
             if emotion not in EMOTIONS:
