@@ -15,7 +15,7 @@ from trace_dspy.lm.adapters import (
     CompactChatAdapter,
     is_reply_signature,
 )
-from trace_dspy.lm.engine import grammar_for, output_grammar
+from trace_dspy.lm.grammar import grammar_for, output_grammar
 from trace_dspy.program.pipeline import TraceProgram
 from trace_dspy.testing.fakes import fake_lm
 

@@ -297,7 +297,7 @@ def _cut_repeated_run(line: str, size: int = REPEAT_RUN) -> str:
 
 def clean_reply(text: str) -> str:
     """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
-    from trace_dspy.lm.engine import repeated_tail
+    from trace_dspy.lm.decoding import repeated_tail
 
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
     line = tidy_text(_ROLE_PREFIX.sub("", line).strip().strip('"').strip())

@@ -380,7 +380,7 @@ class GrammarLM(TraceLM):
 
     @staticmethod
     def _with_grammar(messages, kwargs):
-        from trace_dspy.lm.engine import grammar_for
+        from trace_dspy.lm.grammar import grammar_for
 
         if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
             last = messages[-1] if isinstance(messages[-1], dict) and messages[-1].get("role") == "user" else {}
@@ -403,7 +403,8 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
     the settings that change answers (constraints off, prefix reuse off).
     """
 
-    from trace_dspy.lm.engine import DEFAULT_MODEL_NAME, SAMPLE_MIN_P, LlamaEngine, import_llama
+    from trace_dspy.lm.engine import SAMPLE_MIN_P, LlamaEngine
+    from trace_dspy.lm.model_files import DEFAULT_MODEL_NAME, import_llama
 
     import_llama()  # fail early with the install hint
     engine = LlamaEngine(model_path, **engine_kwargs)
