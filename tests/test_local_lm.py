@@ -394,7 +394,7 @@ def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch
 
     monkeypatch.setattr(grammar.ast, "literal_eval", counting)
     types = [f"Literal['a{i}', 'b{i}']" for i in range(20)]
-    threads = [threading.Thread(target=lambda: [grammar._value_rule(t, False, 10, None) for t in types])
+    threads = [threading.Thread(target=lambda: [grammar.field_from_type("f", t) for t in types])
                for _ in range(4)]
     for t in threads:
         t.start()
@@ -402,4 +402,5 @@ def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch
         t.join()
     assert overlaps[0] == 0
     assert calls[0] == len(types)
-    assert grammar._value_rule("Literal['x', 'y']", False, 10, None, choices=["y"]) == '("y")'
+    field = grammar.field_from_type("f", "Literal['x', 'y']")
+    assert grammar._value_rule(field, False, 10, None, choices=["y"]) == '("y")'

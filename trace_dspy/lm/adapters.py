@@ -1,4 +1,9 @@
-"""A compact chat adapter for small local models.
+"""This project's adapters: they pass each call's output constraint, and a compact chat layout for small models.
+
+Every adapter here passes the stage signature's ``OutputConstraint`` with the LM call
+(``trace_dspy.lm.constraint``), so that a grammar-constrained LM decodes the fields and types the signature
+declares, however the prompt is worded.
+
 
 DSPy's ChatAdapter spends many tokens on layout: a template of every field,
 type notes repeated in the system and the user message. A 135M model reads
@@ -18,6 +23,8 @@ import threading
 from collections import Counter
 
 import dspy
+
+from trace_dspy.lm.constraint import constraint_kwargs
 
 # Replies this project's adapters could not parse, counted where the parse fails (the adapter then falls back
 # to DSPy's JSONAdapter, one more LM call). Keyed by the signature's name; read with parse_failures().
@@ -40,7 +47,43 @@ def _counting_parse(parse, signature, completion):
         raise
 
 
-class CompactChatAdapter(dspy.ChatAdapter):
+class _Constraining:
+    """Adds the call's output constraint (``layout``: how the reply is laid out) to the LM keywords."""
+
+    layout = "sections"
+
+    def constraint_layout(self, signature) -> str | None:
+        """The layout to constrain this signature's reply to; None leaves the call unconstrained."""
+        return self.layout
+
+    def _constrained(self, lm, lm_kwargs, signature, inputs):
+        return constraint_kwargs(lm, lm_kwargs, signature, inputs, self.constraint_layout(signature))
+
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
+        return super().__call__(lm, self._constrained(lm, lm_kwargs, signature, inputs), signature, demos, inputs)
+
+    async def acall(self, lm, lm_kwargs, signature, demos, inputs):
+        return await super().acall(lm, self._constrained(lm, lm_kwargs, signature, inputs), signature, demos,
+                                   inputs)
+
+
+class ConstrainedJSONAdapter(_Constraining, dspy.JSONAdapter):
+    """DSPy's JSONAdapter, passing the output constraint of its JSON layout."""
+
+    layout = "json"
+
+
+class ConstrainedChatAdapter(_Constraining, dspy.ChatAdapter):
+    """DSPy's ChatAdapter, passing the output constraint; its JSON fallback passes the JSON layout's."""
+
+    def _make_json_adapter_fallback(self):
+        return ConstrainedJSONAdapter(use_native_function_calling=self.use_native_function_calling,
+                                      parallel_tool_calls=self.parallel_tool_calls)
+
+
+class CompactChatAdapter(ConstrainedChatAdapter):
+    """The chat layout in fewer tokens: instructions first, the fields listed once, no per-call reminder."""
+
     def parse(self, signature, completion):
         return _counting_parse(super().parse, signature, completion)
 
@@ -58,7 +101,7 @@ class CompactChatAdapter(dspy.ChatAdapter):
 
 
 _COMPACT = CompactChatAdapter()
-ADAPTERS = {"chat": dspy.ChatAdapter, "compact": CompactChatAdapter, "json": dspy.JSONAdapter}
+ADAPTERS = {"chat": ConstrainedChatAdapter, "compact": CompactChatAdapter, "json": ConstrainedJSONAdapter}
 
 
 def make_adapter(name: str) -> dspy.Adapter:
@@ -313,7 +356,7 @@ def clean_reply(text: str) -> str:
     return " ".join(sentences[:2])
 
 
-class ChatReplyAdapter(dspy.ChatAdapter):
+class ChatReplyAdapter(ConstrainedChatAdapter):
     """The reply stage as a plain chat: the conversation as user/assistant turns, the reply as the answer.
 
     A 135M chat model answers a message sensibly in its own chat format but
@@ -347,6 +390,10 @@ class ChatReplyAdapter(dspy.ChatAdapter):
         self.scaffold = scaffold
         # Fitted openers (valence -> mechanism -> openers, see check_openers); None: the stock ones.
         self.openers = check_openers(openers) if openers else None
+
+    def constraint_layout(self, signature) -> str | None:
+        # The reply is plain chat text: its only bound is the stop at the line break.
+        return None if is_reply_signature(signature) else self.layout
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         if is_reply_signature(signature):

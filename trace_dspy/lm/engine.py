@@ -2,9 +2,11 @@
 
 ``LlamaEngine`` is a DSPy 3.4 engine (``complete(Request) -> Response``):
 
-- **Grammar-constrained decoding.** The reply layout that the request asks for
+- **Grammar-constrained decoding.** The output constraint passed with the call
+  (``trace_dspy.lm.constraint``: the stage signature's typed output fields)
   becomes a GBNF grammar (``trace_dspy.lm.grammar``), decoded greedily by
-  ``trace_dspy.lm.decoding``. Requests it does not recognise run unconstrained.
+  ``trace_dspy.lm.decoding``. A call without a constraint is read from its
+  prompt; one in no recognised layout runs unconstrained.
 - **Prompt-prefix reuse.** llama.cpp reuses the KV cache for the prefix that a
   call shares with the previous one. TRACE's four stages alternate, so each
   stage's context state (its instructions and demos) is kept in a small
@@ -30,11 +32,16 @@ from typing import Any
 
 from dspy.lm15 import Message, Response, TextPart, Usage
 
+from trace_dspy.lm.constraint import OutputConstraint, request_constraint
 from trace_dspy.lm.decoding import greedy
-from trace_dspy.lm.grammar import DEFAULT_QUOTE_FIELDS, DEFAULT_TEXT_LIMITS, grammar_for
+from trace_dspy.lm.grammar import (
+    DEFAULT_QUOTE_FIELDS,
+    DEFAULT_TEXT_LIMITS,
+    grammar_for_call,
+    prompt_constraint,
+)
 from trace_dspy.lm.model_files import default_model_path, import_llama
 from trace_dspy.lm.models import LoadedModel, load_model, restore_context, save_context
-from trace_dspy.lm.prompts import output_fields
 
 # min-p for sampled calls: llama.cpp's own default is 0.05; at DSPy's Best-of-N temperature of 1.0 that lets
 # the 135M model wander into incoherent stories, which the reward cannot always tell from an answer
@@ -64,8 +71,16 @@ class EngineStats:
                              "seconds": seconds})
 
 
+def _system_text(request) -> str:
+    return request.system if isinstance(request.system, str) else "".join(
+        getattr(p, "text", "") for p in (request.system or ()))
+
+
 class LlamaEngine:
     """A DSPy engine that runs a GGUF chat model in-process with llama.cpp."""
+
+    # TraceLM hands this engine the output constraint that an adapter passes with the call.
+    takes_output_constraint = True
 
     def __init__(
         self,
@@ -148,31 +163,31 @@ class LlamaEngine:
         """Load the model now rather than on the first call."""
         self._model()
 
-    def _grammar(self, system: str, user: str) -> tuple[Any, str | None]:
-        """The compiled grammar for a prompt and its GBNF text, (None, None) when unconstrained."""
+    def call_constraint(self, request, user: str) -> OutputConstraint | None:
+        """The constraint a request carries (``TraceLM`` passes the stage signature's); a request without
+        one is read from its rendered prompt (DSPy's stock adapters, see ``prompt_constraint``)."""
+        carried = request_constraint(request)
+        return carried if carried is not None else prompt_constraint(_system_text(request), user)
+
+    def _grammar(self, constraint: OutputConstraint | None) -> tuple[Any, str | None]:
+        """The compiled grammar for a call and its GBNF text, (None, None) when unconstrained."""
         if not self.constrained:
             return None, None
-        text = grammar_for(system, user, limits=self.text_limits, quote_fields=self.quote_fields)
-        key = (system, text)
+        text = grammar_for_call(constraint, limits=self.text_limits, quote_fields=self.quote_fields)
         with self._grammar_lock:
-            if key not in self._grammars:
+            if text not in self._grammars:
                 grammar = None
                 if text is not None:
                     grammar = import_llama().LlamaGrammar.from_string(text, verbose=False)
                 if len(self._grammars) > 256:
                     self._grammars.clear()
-                self._grammars[key] = (grammar, text)
-            return self._grammars[key]
+                self._grammars[text] = (grammar, text)
+            return self._grammars[text]
 
     # -- the engine contract ----------------------------------------------------
 
-    def complete(self, request) -> Response:
-        system = request.system if isinstance(request.system, str) else "".join(
-            getattr(p, "text", "") for p in (request.system or ()))
-        messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": m.role, "content": m.text or ""} for m in request.messages
-        ]
-        cfg = request.config
+    def _sampling(self, cfg, messages: list[dict]) -> dict[str, Any]:
+        """llama.cpp's sampling keywords for a request's config."""
         temperature = 0.0 if cfg.temperature is None else float(cfg.temperature)
         kwargs = {
             "max_tokens": cfg.max_tokens or self.default_max_tokens,
@@ -184,14 +199,38 @@ class LlamaEngine:
             kwargs["top_p"] = float(cfg.top_p)
         if temperature > 0:
             kwargs["min_p"] = self.sample_min_p
+        return kwargs
+
+    def complete(self, request) -> Response:
+        system = _system_text(request)
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": m.role, "content": m.text or ""} for m in request.messages
+        ]
+        kwargs = self._sampling(request.config, messages)
         # A last assistant message is a prefill, as llama.cpp's server reads it: the reply continues that
         # text, and the completion holds only what the model added.
         prefill = ""
         if len(messages) > 1 and messages[-1]["role"] == "assistant":
             prefill = messages[-1]["content"]
             messages = messages[:-1]
-        grammar, grammar_text = self._grammar(system, messages[-1]["content"] if messages else "") \
-            if self.constrained else (None, None)
+        constraint = self.call_constraint(request, messages[-1]["content"] if messages else "") \
+            if self.constrained else None
+        out = self._decode(messages, prefill, kwargs, constraint)
+        usage = out.get("usage") or {}
+        choice = out["choices"][0]
+        text = choice.get("text") or ""
+        finish = "length" if choice.get("finish_reason") == "length" else "stop"
+        return Response(
+            id=out.get("id"), model=str(request.model), message=Message.assistant([TextPart(text)]),
+            finish_reason=finish,
+            usage=Usage(input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
+                        total_tokens=usage.get("total_tokens", 0)),
+        )
+
+    def _decode(self, messages: list[dict], prefill: str, kwargs: dict[str, Any],
+                constraint: OutputConstraint | None) -> dict:
+        """Run one prompt on the model (greedy under a grammar on the fast path); a create_completion dict."""
+        grammar, grammar_text = self._grammar(constraint)
         model = self._model()
         with model.lock:
             llama = model.llama
@@ -206,23 +245,15 @@ class LlamaEngine:
             self._position(model, messages, tokens, sampled=kwargs["temperature"] > 0)
             stops = [*full.stop, *(kwargs["stop"] or [])]
             if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
+                free = frozenset(f.name for f in constraint.fields if f.kind == "text")
                 out = greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops,
-                              loop_guard=self.loop_guard, stats=self.guard_counts,
-                              free_fields=frozenset(n for n, t in output_fields(system) if t == "str"))
+                             loop_guard=self.loop_guard, stats=self.guard_counts, free_fields=free)
             else:
                 out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops})
             usage = out.get("usage") or {}
             self.stats.add(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                            time.perf_counter() - started, messages)
-        choice = out["choices"][0]
-        text = choice.get("text") or ""
-        finish = "length" if choice.get("finish_reason") == "length" else "stop"
-        return Response(
-            id=out.get("id"), model=str(request.model), message=Message.assistant([TextPart(text)]),
-            finish_reason=finish,
-            usage=Usage(input_tokens=usage.get("prompt_tokens", 0), output_tokens=usage.get("completion_tokens", 0),
-                        total_tokens=usage.get("total_tokens", 0)),
-        )
+        return out
 
     def _sample_seed(self, messages: list[dict], temperature: float) -> int:
         """The engine seed, offset by how often this prompt was sampled before.

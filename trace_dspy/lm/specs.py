@@ -46,6 +46,7 @@ import dspy
 from trace_dspy.core.config import STAGES, ConfigError
 from trace_dspy.core.safety import redact_exception, register_secret_name, register_url_credentials
 from trace_dspy.core.stages import STAGE_GROUPS
+from trace_dspy.lm.constraint import CONSTRAINT_KWARG, METADATA_KEY
 
 ROLES = ("judge", "prompt")
 _SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
@@ -331,7 +332,14 @@ def endpoint_rollout(endpoint: str, rollout_id: Any = None) -> int:
 
 
 class TraceLM(dspy.LM):
-    """``dspy.LM`` whose cache key includes the endpoint, and which honours :func:`fresh_calls`."""
+    """``dspy.LM`` whose cache key includes the endpoint, and which honours :func:`fresh_calls`.
+
+    It takes the ``output_constraint`` keyword (``trace_dspy.lm.constraint``) that this project's adapters
+    pass: an engine that decodes under it (``takes_output_constraint``) gets it in the request's metadata,
+    which is also part of DSPy's cache key; any other engine never sees it.
+    """
+
+    takes_output_constraint = True
 
     def __init__(self, *args, endpoint: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -341,6 +349,9 @@ class TraceLM(dspy.LM):
 
     def _call_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs = dict(kwargs)
+        constraint = kwargs.pop(CONSTRAINT_KWARG, None)
+        if constraint is not None and getattr(getattr(self, "engine", None), "takes_output_constraint", False):
+            kwargs["metadata"] = {**(kwargs.get("metadata") or {}), METADATA_KEY: constraint.to_json()}
         if _FRESH.get():
             kwargs["cache"] = False
         if self.endpoint:
@@ -380,13 +391,18 @@ class GrammarLM(TraceLM):
 
     @staticmethod
     def _with_grammar(messages, kwargs):
-        from trace_dspy.lm.grammar import grammar_for
+        """The call's keywords with the grammar of its output constraint (the one passed with the call, else
+        the one its rendered prompt asks for) in the request body."""
+        from trace_dspy.lm.grammar import grammar_for_call, prompt_constraint
 
-        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+        kwargs = dict(kwargs)
+        constraint = kwargs.pop(CONSTRAINT_KWARG, None)
+        if constraint is None and messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
             last = messages[-1] if isinstance(messages[-1], dict) and messages[-1].get("role") == "user" else {}
-            grammar = grammar_for(str(messages[0].get("content", "")), str(last.get("content", "")))
-            if grammar:
-                kwargs = {**kwargs, "extra_body": {**kwargs.get("extra_body", {}), "grammar": grammar}}
+            constraint = prompt_constraint(str(messages[0].get("content", "")), str(last.get("content", "")))
+        grammar = grammar_for_call(constraint)
+        if grammar:
+            kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "grammar": grammar}
         return kwargs
 
 
