@@ -11,12 +11,18 @@ import pytest
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.core.stages import REGISTRY
-from trace_dspy.lm.adapters import ADAPTERS, ChatReplyAdapter, CompactChatAdapter
+from trace_dspy.lm.adapters import ADAPTERS, CompactChatAdapter
 from trace_dspy.lm.constraint import OutputConstraint, OutputField, constraint_kwargs
 from trace_dspy.lm.engine import LlamaEngine
-from trace_dspy.lm.grammar import DEFAULT_QUOTE_FIELDS, grammar_for, grammar_for_call, prompt_constraint
+from trace_dspy.lm.grammar import (
+    DEFAULT_QUOTE_FIELDS,
+    grammar_for,
+    grammar_for_call,
+    prompt_constraint,
+)
 from trace_dspy.lm.specs import TraceLM
 from trace_dspy.program.pipeline import TraceProgram
+from trace_dspy.program.reply_adapter import ChatReplyAdapter
 
 DIALOGUE = ("Speaker: My dog Biscuit ran away yesterday. We searched the whole park.\n"
             "Listener: Oh no! Have you found him?\nSpeaker: Not yet. I keep checking the door.")

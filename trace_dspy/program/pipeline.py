@@ -20,14 +20,10 @@ from trace_dspy.core import spans
 from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue, speaker_text
 from trace_dspy.core.labels import check_plans, ekman_group
+from trace_dspy.core.openers import check_openers
 from trace_dspy.core.stages import BY_NAME, REGISTRY
-from trace_dspy.lm.adapters import (
-    ChatReplyAdapter,
-    chat_reply_adapter,
-    check_openers,
-    choose_adapter,
-    is_constrained,
-)
+from trace_dspy.lm.adapters import choose_adapter, is_constrained
+from trace_dspy.program.reply_adapter import ChatReplyAdapter, chat_reply_adapter
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}

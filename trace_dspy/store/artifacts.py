@@ -424,7 +424,7 @@ def load_folder(folder: Path, *, lm_config: LMConfig | None = None, ref: str | N
 
 def _load_openers(folder: Path, manifest: dict[str, Any]):
     """The scaffolded reply's fitted openers; None (the stock ones) for artifacts compiled without them."""
-    from trace_dspy.lm.adapters import check_openers
+    from trace_dspy.core.openers import check_openers
 
     openers = (manifest.get("reply_openers") or {}).get("openers")
     if openers is None:
