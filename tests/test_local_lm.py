@@ -72,10 +72,10 @@ def test_quotable_sentences_come_from_speaker_turns_only():
     # The loop started mid-sentence: end on the sentence it interrupted.
     ("It is a response to it. It is a response to it. It", "It is a response to it."),
 ])
-def test_repeated_tail_finds_where_a_loop_starts(text, kept):
-    from trace_dspy.lm.decoding import repeated_tail
+def test_loop_start_finds_where_a_loop_starts(text, kept):
+    from trace_dspy.core.text import loop_start
 
-    cut = repeated_tail(text)
+    cut = loop_start(text)
     assert cut is not None and text[:cut].strip() == kept
 
 
@@ -85,10 +85,10 @@ def test_repeated_tail_finds_where_a_loop_starts(text, kept):
     "Very very good news, well done!",
     "",
 ])
-def test_repeated_tail_leaves_ordinary_replies_alone(text):
-    from trace_dspy.lm.decoding import repeated_tail
+def test_loop_start_leaves_ordinary_replies_alone(text):
+    from trace_dspy.core.text import loop_start
 
-    assert repeated_tail(text) is None
+    assert loop_start(text) is None
 
 
 def test_the_guard_knows_which_field_is_being_written():
@@ -251,7 +251,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
 @pytest.mark.slow
 def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_model):
     """Greedy SmolLM2 repeats "This is a very bad thing." until the length cap; the guard stops it."""
-    from trace_dspy.lm.decoding import repeated_tail
+    from trace_dspy.core.text import loop_start
     from trace_dspy.lm.specs import local_lm
 
     dialogue = "Speaker: My roommate keeps eating my food."
@@ -261,8 +261,8 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
         looping = program(dialogue=dialogue)
     with dspy.context(lm=guarded):
         cut = program(dialogue=dialogue)
-    assert repeated_tail(looping.cause_summary) is not None  # the model really loops here
-    assert repeated_tail(cut.cause_summary) is None
+    assert loop_start(looping.cause_summary) is not None  # the model really loops here
+    assert loop_start(cut.cause_summary) is None
     kept = cut.cause_summary.rstrip('"')
     assert len(kept) > 20 and looping.cause_summary.startswith(kept)
     assert guarded.engine.guard_counts["loops_cut"] >= 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import re
 
+from trace_dspy.core.text import loop_start
 from trace_dspy.lm.model_files import LocalModelError, import_llama
 
 
@@ -48,42 +49,6 @@ class _GrammarPick:
 
     def free(self) -> None:
         self.llama_cpp.llama_sampler_free(self.sampler)
-
-
-_WORD = re.compile(r"[A-Za-z0-9']+")
-_SENTENCE = re.compile(r"[^.!?]+[.!?]")
-
-
-def repeated_tail(text: str) -> int | None:
-    """Where a looping free-text value should end, or None when it does not loop.
-
-    A loop is the same words said again straight after themselves (four words or
-    more twice, or two or three words three times: "a beagle, a beagle, a
-    beagle"), or a sentence said again anywhere in the value. The answer is a
-    character offset: the value up to there says everything once.
-    """
-    words = list(_WORD.finditer(text))
-    low = [m.group(0).lower() for m in words]
-    n = len(low)
-    for size in range(2, min(12, n // 2) + 1):
-        copies = 2 if size >= 4 else 3
-        if n < copies * size:
-            continue
-        tail = low[n - size:]
-        if all(low[n - (c + 1) * size:n - c * size] == tail for c in range(1, copies)):
-            cut = words[n - (copies - 1) * size].start()
-            # End on the sentence that the loop interrupted rather than on its first words.
-            stop = max(text.rfind(c, 0, cut) for c in ".!?")
-            if stop > 0 and len(_WORD.findall(text[stop:cut])) < size:
-                cut = stop + 1
-            return cut
-    sentences = list(_SENTENCE.finditer(text))
-    if len(sentences) >= 2:
-        last = " ".join(_WORD.findall(sentences[-1].group(0).lower()))
-        if len(last.split()) >= 3 and text[sentences[-1].end():].strip() == "" and any(
-                " ".join(_WORD.findall(s.group(0).lower())) == last for s in sentences[:-1]):
-            return sentences[-1].start()
-    return None
 
 
 _MARKERS = re.compile(r'\[\[ ## (\w+) ## \]\]\n|"(\w+)": ')
@@ -139,7 +104,7 @@ def _loop_cut(llama, text: str, out: list[int], free_fields: frozenset) -> int |
     if marker is None or marker[0] not in free_fields:
         return None
     value = text[marker[1]:]
-    cut = repeated_tail(value)
+    cut = loop_start(value)
     if cut is None or not value[:cut].strip():
         return None
     target = len(text) - len(value) + len(value[:cut].rstrip(" ,;"))
@@ -158,7 +123,7 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
     is the token create_completion would pick, at a fraction of the cost.
 
     With ``loop_guard``, a free-text value that starts to repeat itself (see
-    ``repeated_tail``; only the ``free_fields``) is cut back to its first statement and closed: greedy
+    ``trace_dspy.core.text.loop_start``; only the ``free_fields``) is cut back to its first statement and closed: greedy
     decoding of a small model otherwise repeats the loop until the length cap,
     spending tokens on text that only lowers the reply's worth.
     Returns a create_completion-shaped dict.

@@ -15,6 +15,7 @@ import json
 import re
 import threading
 
+from trace_dspy.core.text import split_sentences
 from trace_dspy.lm.constraint import OutputConstraint, OutputField
 from trace_dspy.lm.prompts import layout, output_fields, section, sections
 
@@ -103,9 +104,6 @@ def constraint_grammar(
     return f'root ::= {body} "\\n\\n[[ ## completed ## ]]"\n'
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
 def speaker_sentences(text: str | None, max_items: int = 40) -> list[str]:
     """Sentences of the speaker's turns in a dialogue text, for verbatim quoting; lines that start with
     ``Speaker:`` are the speaker's (all lines if none do)."""
@@ -115,7 +113,7 @@ def speaker_sentences(text: str | None, max_items: int = 40) -> list[str]:
     spoken = [ln.split(":", 1)[1] for ln in lines if ln.startswith("Speaker:")] or lines
     out: list[str] = []
     for turn in spoken:
-        for sentence in _SENTENCE_END.split(turn.strip()):
+        for sentence in split_sentences(turn.strip()):
             sentence = sentence.strip()
             if len(sentence) > 1 and sentence not in out:
                 out.append(sentence[:400])

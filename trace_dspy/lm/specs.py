@@ -44,7 +44,11 @@ from urllib.parse import urlsplit, urlunsplit
 import dspy
 
 from trace_dspy.core.config import STAGES, ConfigError
-from trace_dspy.core.safety import redact_exception, register_secret_name, register_url_credentials
+from trace_dspy.core.safety import (
+    redact_exception,
+    register_secret_name,
+    register_url_credentials,
+)
 from trace_dspy.core.stages import STAGE_GROUPS
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, METADATA_KEY
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import textwrap
 
 from trace_dspy.core.openers import SCAFFOLD_OPENERS, check_openers
+from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
 from trace_dspy.program.reply_text import (
     clean_reply,
     first_sentence,
     openers_for,
     plan_in_words,
-    reply_words,
     scaffold_openers,
     tidy_text,
 )
@@ -102,7 +102,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
                     sentence = together[len(before):].strip()
             # Left out: an opener the model did not go on from, and a question opener it made a statement of
             # ("What happened next was sad.").
-            if len(reply_words(sentence)) > len(reply_words(opener)) \
+            if len(words(sentence)) > len(words(opener)) \
                     and (opener not in SCAFFOLD_OPENERS["EX"] or sentence.endswith("?")):
                 said.append(sentence)
         if not said:  # the model went on from no opener: ask for the whole reply instead (the chat layout)

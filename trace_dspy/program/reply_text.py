@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from trace_dspy.core.openers import SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds
+from trace_dspy.core.text import loop_start, sentences
 
 # How each planned mechanism is asked for, in words a small chat model follows.
 _STRATEGY_WORDS = {
@@ -18,7 +19,6 @@ _STRATEGY_WORDS = {
 }
 _ROLE_PREFIX = re.compile(r"^\s*(?:(?:speaker|listener|assistant|user|reply|response)\s*(?:\(reply\))?\s*:\s*)+",
                           re.IGNORECASE)
-_SENTENCE = re.compile(r"[^.!?]*[.!?]+|[^.!?]+$")
 
 
 def openers_for(inputs: dict, fitted=None) -> dict[str, tuple[str, ...]]:
@@ -54,7 +54,7 @@ def first_sentence(text: str, opener: str = "") -> str:
     composite on 100 ED items (0.5515 to 0.5440, docs/benchmarks.md, "Scaffolded replies").
     """
     cleaned = clean_reply(text)
-    found = _SENTENCE.findall(cleaned)
+    found = sentences(cleaned)
     sentence = (found[0] if found else cleaned).strip()
     if sentence and sentence[-1] not in ".!?":
         comma = sentence.find(",", len(opener))
@@ -92,14 +92,8 @@ def tidy_text(text: str) -> str:
     return _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), text)
 
 
-_REPLY_WORD = re.compile(r"[A-Za-z0-9']+")
 _TRAILING_JOINER = re.compile(r"(?:[\s,;:-]+|\b(?:and|but|so|or|because|that)\b)+$", re.IGNORECASE)
 REPEAT_RUN = 4
-
-
-def reply_words(text: str) -> list[str]:
-    """The words of a reply (letters, digits and apostrophes)."""
-    return _REPLY_WORD.findall(text)
 
 
 def _cut_repeated_run(line: str, size: int = REPEAT_RUN) -> str:
@@ -108,34 +102,27 @@ def _cut_repeated_run(line: str, size: int = REPEAT_RUN) -> str:
     "I'm so glad you got the job, and I'm so glad you got the job" keeps its
     first clause; a dangling joiner ("and", a comma) goes with the repeat.
     """
-    words = list(_REPLY_WORD.finditer(line))
-    low = [m.group(0).lower() for m in words]
-    seen: dict[tuple[str, ...], int] = {}
-    for j in range(len(low) - size + 1):
-        run = tuple(low[j:j + size])
-        if run in seen and seen[run] + size <= j:
-            kept = _TRAILING_JOINER.sub("", line[:words[j].start()]).rstrip()
-            if kept and kept[-1] not in ".!?":
-                kept += "."
-            return kept
-        seen.setdefault(run, j)
-    return line
+    start = loop_start(line, run=size)
+    if start is None:
+        return line
+    kept = _TRAILING_JOINER.sub("", line[:start]).rstrip()
+    if kept and kept[-1] not in ".!?":
+        kept += "."
+    return kept
 
 
 def clean_reply(text: str) -> str:
     """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
-    from trace_dspy.lm.decoding import repeated_tail
-
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
     line = tidy_text(_ROLE_PREFIX.sub("", line).strip().strip('"').strip())
-    cut = repeated_tail(line)
+    cut = loop_start(line)
     if cut is not None:
         line = line[:cut].rstrip(" ,;")
     line = _cut_repeated_run(line)
-    sentences, seen = [], set()
-    for sentence in (s.strip() for s in _SENTENCE.findall(line)):
+    kept, seen = [], set()
+    for sentence in (s.strip() for s in sentences(line)):
         if sentence and sentence.lower() not in seen:
             seen.add(sentence.lower())
-            sentences.append(sentence)
-    return " ".join(sentences[:2])
+            kept.append(sentence)
+    return " ".join(kept[:2])
 
