@@ -38,6 +38,7 @@ import numpy as np
 from trace_dspy.core.extras import install_hint
 from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.core.labels import STRATEGIES
+from trace_dspy.core.text import split_sentences
 
 MECHANISMS = STRATEGIES  # ER, IP, EX: EPITOME's mechanisms are TRACE's strategies
 LEVELS = 3
@@ -64,7 +65,6 @@ _SPACED = [
     (re.compile(r" ([.,!?;:])"), r"\1"),
     (re.compile(r"_comma_"), ","),
 ]
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _WORD = re.compile(r"[a-z']+")
 _SECOND = frozenset("you your yours you're youre yourself you've you'll you'd".split())
 _FIRST = frozenset("i me my mine i'm im i've i'd i'll myself".split())
@@ -79,7 +79,7 @@ def normalize(text: str) -> str:
 
 
 def sentences(text: str) -> list[str]:
-    parts = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+    parts = [s.strip() for line in text.split("\n") for s in split_sentences(line) if s.strip()]
     return parts[:MAX_SENTENCES] or [text]
 
 

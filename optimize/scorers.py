@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from trace_dspy.core.labels import EMOTION_TO_GROUP
+from trace_dspy.core.text import sentence_count as count_sentences
+from trace_dspy.core.text import split_sentences
 
 # ---------------------------------------------------------------- tokens
 
@@ -26,9 +28,6 @@ def _treebank():
     from nltk.tokenize import TreebankWordTokenizer
 
     return TreebankWordTokenizer()
-
-
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")
 
 
 def tokenize(text: str) -> list[str]:
@@ -41,7 +40,7 @@ def _tokens(text: str) -> tuple[str, ...]:
     # Cached: the metric tokenizes the same speaker turns and demo replies for every example.
     treebank = _treebank()
     text = " ".join(text.lower().split())
-    return tuple(tok for sentence in _SENTENCE_BREAK.split(text) if sentence for tok in treebank.tokenize(sentence))
+    return tuple(tok for sentence in split_sentences(text) if sentence for tok in treebank.tokenize(sentence))
 
 
 _WORD = re.compile(r"[a-z0-9]")
@@ -227,7 +226,6 @@ _ADVICE = re.compile(
     r"make sure (?:you|to)|don't forget to|consider (?:talking|trying|getting|seeing|asking))\b",
     re.IGNORECASE,
 )
-_SENTENCE = re.compile(r"[^.!?]*[a-zA-Z][^.!?]*(?:[.!?]+|$)")
 
 
 def gives_advice(text: str) -> bool:
@@ -236,7 +234,7 @@ def gives_advice(text: str) -> bool:
 
 
 def sentence_count(text: str) -> int:
-    return len([s for s in _SENTENCE.findall(str(text)) if s.strip()])
+    return count_sentences(str(text))
 
 
 def reused_details(reply: str, source: str) -> set[str]:

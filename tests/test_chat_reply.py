@@ -7,8 +7,9 @@ import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
-from trace_dspy.lm.adapters import ChatReplyAdapter, clean_reply, plan_in_words
 from trace_dspy.program.pipeline import stage_signature
+from trace_dspy.program.reply_adapter import ChatReplyAdapter
+from trace_dspy.program.reply_text import clean_reply, plan_in_words
 from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = "Speaker: I lost my wallet on the bus.\nListener: Oh no, did you report it?\nSpeaker: Yes, but nobody handed it in."
@@ -148,7 +149,7 @@ def test_with_reply_exemplars_the_writer_sees_the_retrieved_conversations_as_pro
                              {"role": "assistant", "content": "Ha, I've done that too. Were you relieved?"}]
     assert messages[5]["content"] == "I lost my wallet on the bus."
     # The program routes its config to the matching adapter.
-    from trace_dspy.lm.adapters import chat_reply_adapter
+    from trace_dspy.program.reply_adapter import chat_reply_adapter
 
     assert chat_reply_adapter(exemplars=True).exemplars and not chat_reply_adapter().exemplars
 
@@ -176,7 +177,7 @@ def test_reply_exemplars_config_and_old_artifacts(tmp_path):
     ("Is it in Hawaii? That sounds lovely.", "Is it in Hawaii? That sounds lovely."),
 ])
 def test_tidy_text(raw, prose):
-    from trace_dspy.lm.adapters import tidy_text
+    from trace_dspy.program.reply_text import tidy_text
 
     assert tidy_text(raw) == prose
 
@@ -194,7 +195,7 @@ def test_tidy_text(raw, prose):
     (("ER", "EX"), 3, ["That sounds", "How are you feeling"]),  # the openers come round again
 ])
 def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
-    from trace_dspy.lm.adapters import scaffold_openers
+    from trace_dspy.program.reply_text import scaffold_openers
 
     assert scaffold_openers({"strategy": plan[0], "secondary_strategy": plan[1]}, candidate) == openers
 
@@ -231,7 +232,7 @@ def test_the_scaffolded_reply_is_one_continued_sentence_per_mechanism():
 
 
 def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary():
-    from trace_dspy.lm.adapters import scaffold_openers
+    from trace_dspy.program.reply_text import scaffold_openers
 
     prefills: list = []
     lm, _ = fake_lm(_continuing(prefills))
@@ -282,7 +283,7 @@ def test_auto_picks_the_scaffold_for_a_constrained_model():
     ("You must be feeling proud, right? Anyway", "You must be feeling", "You must be feeling proud, right?"),
 ])
 def test_first_sentence(text, opener, sentence):
-    from trace_dspy.lm.adapters import first_sentence
+    from trace_dspy.program.reply_text import first_sentence
 
     assert first_sentence(text, opener) == sentence
 

@@ -12,7 +12,7 @@ import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
-from trace_dspy.lm.engine import grammar_for, listed_choices, output_grammar
+from trace_dspy.lm.grammar import grammar_for, listed_choices, output_grammar
 from trace_dspy.program import emotion_prior as ep
 from trace_dspy.program.emotion_prior import (
     EmotionPrior,

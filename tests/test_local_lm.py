@@ -14,14 +14,10 @@ import pytest
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
 from trace_dspy.lm.adapters import CompactChatAdapter
-from trace_dspy.lm.engine import (
-    LlamaEngine,
-    LocalModelError,
-    default_model_path,
-    loaded_model_count,
-    output_grammar,
-    quotable_sentences,
-)
+from trace_dspy.lm.engine import LlamaEngine
+from trace_dspy.lm.grammar import output_grammar, quotable_sentences
+from trace_dspy.lm.model_files import LocalModelError, default_model_path
+from trace_dspy.lm.models import loaded_model_count
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 DIALOGUE = ("Speaker: My dog Biscuit ran away yesterday. We searched the whole park.\n"
@@ -76,10 +72,10 @@ def test_quotable_sentences_come_from_speaker_turns_only():
     # The loop started mid-sentence: end on the sentence it interrupted.
     ("It is a response to it. It is a response to it. It", "It is a response to it."),
 ])
-def test_repeated_tail_finds_where_a_loop_starts(text, kept):
-    from trace_dspy.lm.engine import repeated_tail
+def test_loop_start_finds_where_a_loop_starts(text, kept):
+    from trace_dspy.core.text import loop_start
 
-    cut = repeated_tail(text)
+    cut = loop_start(text)
     assert cut is not None and text[:cut].strip() == kept
 
 
@@ -89,14 +85,14 @@ def test_repeated_tail_finds_where_a_loop_starts(text, kept):
     "Very very good news, well done!",
     "",
 ])
-def test_repeated_tail_leaves_ordinary_replies_alone(text):
-    from trace_dspy.lm.engine import repeated_tail
+def test_loop_start_leaves_ordinary_replies_alone(text):
+    from trace_dspy.core.text import loop_start
 
-    assert repeated_tail(text) is None
+    assert loop_start(text) is None
 
 
 def test_the_guard_knows_which_field_is_being_written():
-    from trace_dspy.lm.engine import _guard_field
+    from trace_dspy.lm.decoding import _guard_field
 
     chat = "[[ ## strategy ## ]]\nIP\n\n[[ ## response ## ]]\nI am"
     assert _guard_field(chat) == ("response", chat.index("I am"))
@@ -106,7 +102,7 @@ def test_the_guard_knows_which_field_is_being_written():
 
 
 def test_missing_extra_is_named(monkeypatch):
-    import trace_dspy.lm.engine as mod
+    import trace_dspy.lm.model_files as mod
 
     monkeypatch.setattr(mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(LocalModelError, match=r'pip install -e "\.\[local\]"'):
@@ -125,7 +121,7 @@ def test_models_load_without_extra_weight_buffers(local_model, monkeypatch):
     granted) and puts llama-cpp-python's defaults back afterwards, also when loading fails."""
     import llama_cpp
 
-    import trace_dspy.lm.engine as mod
+    import trace_dspy.lm.models as mod
 
     low = sys.modules["llama_cpp.llama_cpp"]
     original = low.llama_model_default_params
@@ -140,7 +136,7 @@ def test_models_load_without_extra_weight_buffers(local_model, monkeypatch):
     monkeypatch.setattr(llama_cpp, "Llama", Recording)
     monkeypatch.setattr(mod, "_MODELS", {})
     with pytest.raises(RuntimeError, match="stop before loading"):
-        mod._load_model(str(local_model), 512, 1, 0)
+        mod.load_model(str(local_model), 512, 1, 0)
     assert seen == [False]
     assert low.llama_model_default_params is original
 
@@ -255,7 +251,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
 @pytest.mark.slow
 def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_model):
     """Greedy SmolLM2 repeats "This is a very bad thing." until the length cap; the guard stops it."""
-    from trace_dspy.lm.engine import repeated_tail
+    from trace_dspy.core.text import loop_start
     from trace_dspy.lm.specs import local_lm
 
     dialogue = "Speaker: My roommate keeps eating my food."
@@ -265,8 +261,8 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
         looping = program(dialogue=dialogue)
     with dspy.context(lm=guarded):
         cut = program(dialogue=dialogue)
-    assert repeated_tail(looping.cause_summary) is not None  # the model really loops here
-    assert repeated_tail(cut.cause_summary) is None
+    assert loop_start(looping.cause_summary) is not None  # the model really loops here
+    assert loop_start(cut.cause_summary) is None
     kept = cut.cause_summary.rstrip('"')
     assert len(kept) > 20 and looping.cause_summary.startswith(kept)
     assert guarded.engine.guard_counts["loops_cut"] >= 1
@@ -329,7 +325,7 @@ def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     lm(messages=ask, temperature=1.0, max_tokens=3)
     llama = lm.engine._model().llama
     events = []
-    monkeypatch.setattr(engine_module, "_restore_context", lambda *a: events.append("restore"))
+    monkeypatch.setattr(engine_module, "restore_context", lambda *a: events.append("restore"))
     monkeypatch.setattr(llama, "reset", lambda: events.append("reset"))
     lm(messages=ask, temperature=1.0, max_tokens=3)
     assert events == []
@@ -380,11 +376,11 @@ def test_a_last_assistant_message_is_continued_as_a_prefill(local_model):
 def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch):
     """CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" in a threaded
     run): grammars parse each Literal type once, under a lock."""
-    from trace_dspy.lm import engine
+    from trace_dspy.lm import grammar
 
-    monkeypatch.setattr(engine, "_LITERALS", {})
+    monkeypatch.setattr(grammar, "_LITERALS", {})
     inside, overlaps, calls = [0], [0], [0]
-    real = engine.ast.literal_eval
+    real = grammar.ast.literal_eval
 
     def counting(text):
         calls[0] += 1
@@ -396,9 +392,9 @@ def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch
         finally:
             inside[0] -= 1
 
-    monkeypatch.setattr(engine.ast, "literal_eval", counting)
+    monkeypatch.setattr(grammar.ast, "literal_eval", counting)
     types = [f"Literal['a{i}', 'b{i}']" for i in range(20)]
-    threads = [threading.Thread(target=lambda: [engine._value_rule(t, False, 10, None) for t in types])
+    threads = [threading.Thread(target=lambda: [grammar.field_from_type("f", t) for t in types])
                for _ in range(4)]
     for t in threads:
         t.start()
@@ -406,4 +402,5 @@ def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch
         t.join()
     assert overlaps[0] == 0
     assert calls[0] == len(types)
-    assert engine._value_rule("Literal['x', 'y']", False, 10, None, choices=["y"]) == '("y")'
+    field = grammar.field_from_type("f", "Literal['x', 'y']")
+    assert grammar._value_rule(field, False, 10, None, choices=["y"]) == '("y")'

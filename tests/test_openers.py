@@ -6,14 +6,15 @@ import json
 
 import dspy
 import pytest
-
 from conftest import offline_workdir
+
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.lm.adapters import TONED_OPENERS, ChatReplyAdapter, check_openers, emotion_valence
+from trace_dspy.core.openers import TONED_OPENERS, check_openers, emotion_valence
 from trace_dspy.optimize.openers import fit_openers, rank_openers
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.program.pipeline import stage_signature
 import trace_dspy
+from trace_dspy.program.reply_adapter import ChatReplyAdapter
 from trace_dspy.store.artifacts import ArtifactError
 from trace_dspy.testing.fakes import fake_lm
 

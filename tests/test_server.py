@@ -25,7 +25,7 @@ from trace_dspy.lm.specs import GrammarLM, LMSpec, build_lm
 
 # llama-cpp-python's server, started through the project's wrapper so that it loads the model with plain weight
 # buffers, as the embedded engine does (a CPU that advertises AMX without granting it crashes otherwise).
-SERVE = "import sys; from trace_dspy.lm.engine import run_llama_server; run_llama_server(sys.argv[1:])"
+SERVE = "import sys; from trace_dspy.lm.model_files import run_llama_server; run_llama_server(sys.argv[1:])"
 
 
 def free_port() -> int:

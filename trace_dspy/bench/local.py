@@ -134,7 +134,7 @@ def measure_batch_logits(threads: int = 2, positions: int = 16) -> list[dict]:
     import llama_cpp
     import numpy as np
 
-    from trace_dspy.lm.engine import default_model_path
+    from trace_dspy.lm.model_files import default_model_path
 
     llm = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=1024, n_threads=threads,
                           n_threads_batch=threads, verbose=False)
@@ -175,11 +175,12 @@ def run_raw(history: list[dict], n_threads: int) -> dict:
     import llama_cpp
     from llama_cpp import Llama
 
-    from trace_dspy.lm.engine import _formatters, default_model_path
+    from trace_dspy.lm.model_files import default_model_path
+    from trace_dspy.lm.models import chat_formatters
 
     llama = Llama(str(default_model_path()), n_ctx=4096, n_threads=n_threads, n_threads_batch=n_threads, seed=0,
                   verbose=False)
-    fmt, _ = _formatters(llama)
+    fmt, _ = chat_formatters(llama)
     vocab = llama._model.vocab
     banned = {t: float("-inf") for t in range(llama.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
     seconds = 0.0
@@ -206,7 +207,7 @@ def measure_batching(thread_counts=(1, 2), sequence_counts=(1, 2, 4, 8), steps: 
     """
     import llama_cpp
 
-    from trace_dspy.lm.engine import default_model_path
+    from trace_dspy.lm.model_files import default_model_path
 
     llama = llama_cpp.Llama(model_path=str(default_model_path()), n_ctx=512, n_threads=1, verbose=False)
     prompt = llama.tokenize(b"<|im_start|>user\nI failed my driving test again and I feel awful about it."

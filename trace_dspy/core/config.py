@@ -124,7 +124,7 @@ class ProgramConfig:
     reply_format: how the reply stage is asked: ``fields`` (the adapter's field
         layout, like every stage), ``chat`` (the conversation as chat turns, the
         plan in words, the reply as the plain answer; see
-        trace_dspy.lm.adapters.ChatReplyAdapter), ``scaffold`` (the chat turns,
+        trace_dspy.program.reply_adapter.ChatReplyAdapter), ``scaffold`` (the chat turns,
         and one sentence per planned mechanism, each begun with an opener the
         model goes on from: "That sounds" for ER, "You must be feeling" for IP,
         "How are you feeling" for EX; see ``scaffold_openers``; a compile with

@@ -1,7 +1,8 @@
 """Reading a rendered DSPy prompt: its output fields and layout, and the input sections of its user message.
 
-One parser for every component that looks inside prompts: the embedded engine (grammars, verbatim quoting,
-candidate labels), the OpenAI-compatible grammar route, and the scripted test LMs. The adapters it knows:
+One parser for every component that looks inside prompts: the scripted test LMs, and the grammar of a call
+that carries no output constraint (``trace_dspy.lm.grammar.prompt_constraint``: DSPy's own modules calling
+through its stock adapters; this project's adapters pass the constraint with the call). The adapters it knows:
 
 - ``chat``: DSPy's ChatAdapter (``[[ ## field ## ]]`` sections, ``All interactions will be structured...``);
 - ``compact``: this project's CompactChatAdapter (the same sections, ``Answer with each output field...``);

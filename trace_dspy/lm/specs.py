@@ -44,8 +44,13 @@ from urllib.parse import urlsplit, urlunsplit
 import dspy
 
 from trace_dspy.core.config import STAGES, ConfigError
-from trace_dspy.core.safety import redact_exception, register_secret_name, register_url_credentials
+from trace_dspy.core.safety import (
+    redact_exception,
+    register_secret_name,
+    register_url_credentials,
+)
 from trace_dspy.core.stages import STAGE_GROUPS
+from trace_dspy.lm.constraint import CONSTRAINT_KWARG, METADATA_KEY
 
 ROLES = ("judge", "prompt")
 _SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
@@ -331,7 +336,14 @@ def endpoint_rollout(endpoint: str, rollout_id: Any = None) -> int:
 
 
 class TraceLM(dspy.LM):
-    """``dspy.LM`` whose cache key includes the endpoint, and which honours :func:`fresh_calls`."""
+    """``dspy.LM`` whose cache key includes the endpoint, and which honours :func:`fresh_calls`.
+
+    It takes the ``output_constraint`` keyword (``trace_dspy.lm.constraint``) that this project's adapters
+    pass: an engine that decodes under it (``takes_output_constraint``) gets it in the request's metadata,
+    which is also part of DSPy's cache key; any other engine never sees it.
+    """
+
+    takes_output_constraint = True
 
     def __init__(self, *args, endpoint: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -341,6 +353,9 @@ class TraceLM(dspy.LM):
 
     def _call_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         kwargs = dict(kwargs)
+        constraint = kwargs.pop(CONSTRAINT_KWARG, None)
+        if constraint is not None and getattr(getattr(self, "engine", None), "takes_output_constraint", False):
+            kwargs["metadata"] = {**(kwargs.get("metadata") or {}), METADATA_KEY: constraint.to_json()}
         if _FRESH.get():
             kwargs["cache"] = False
         if self.endpoint:
@@ -380,13 +395,18 @@ class GrammarLM(TraceLM):
 
     @staticmethod
     def _with_grammar(messages, kwargs):
-        from trace_dspy.lm.engine import grammar_for
+        """The call's keywords with the grammar of its output constraint (the one passed with the call, else
+        the one its rendered prompt asks for) in the request body."""
+        from trace_dspy.lm.grammar import grammar_for_call, prompt_constraint
 
-        if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
+        kwargs = dict(kwargs)
+        constraint = kwargs.pop(CONSTRAINT_KWARG, None)
+        if constraint is None and messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
             last = messages[-1] if isinstance(messages[-1], dict) and messages[-1].get("role") == "user" else {}
-            grammar = grammar_for(str(messages[0].get("content", "")), str(last.get("content", "")))
-            if grammar:
-                kwargs = {**kwargs, "extra_body": {**kwargs.get("extra_body", {}), "grammar": grammar}}
+            constraint = prompt_constraint(str(messages[0].get("content", "")), str(last.get("content", "")))
+        grammar = grammar_for_call(constraint)
+        if grammar:
+            kwargs["extra_body"] = {**kwargs.get("extra_body", {}), "grammar": grammar}
         return kwargs
 
 
@@ -403,7 +423,8 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
     the settings that change answers (constraints off, prefix reuse off).
     """
 
-    from trace_dspy.lm.engine import DEFAULT_MODEL_NAME, SAMPLE_MIN_P, LlamaEngine, import_llama
+    from trace_dspy.lm.engine import SAMPLE_MIN_P, LlamaEngine
+    from trace_dspy.lm.model_files import DEFAULT_MODEL_NAME, import_llama
 
     import_llama()  # fail early with the install hint
     engine = LlamaEngine(model_path, **engine_kwargs)

@@ -15,7 +15,7 @@ temperature that calibrates the probabilities. ``compile`` stores the prior
 inside the artifact as ``emotion_prior.npz``: numpy arrays and a JSON header,
 loaded with ``allow_pickle=False``. The program gives the stage the top-k labels
 with their probabilities as an input field; on a grammar-constrained engine
-decoding may only choose among them (see ``trace_dspy.lm.engine.listed_choices``),
+decoding may only choose among them (see ``trace_dspy.lm.grammar.listed_choices``),
 on any other LM they are a hint.
 """
 

@@ -169,7 +169,7 @@ class ReplyOpeners(FittedPart):
 
     @classmethod
     def check(cls, value):
-        from trace_dspy.lm.adapters import check_openers
+        from trace_dspy.core.openers import check_openers
 
         return check_openers(value) if value else None
 

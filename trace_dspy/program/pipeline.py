@@ -21,15 +21,11 @@ from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue
 from trace_dspy.core.labels import ekman_group
 from trace_dspy.core.stages import BY_NAME, REGISTRY
-from trace_dspy.lm.adapters import (
-    ChatReplyAdapter,
-    chat_reply_adapter,
-    choose_adapter,
-    is_constrained,
-)
+from trace_dspy.lm.adapters import choose_adapter, is_constrained
 from trace_dspy.program.lm_warnings import quiet_truncation
 from trace_dspy.program.parts import FittedParts
 from trace_dspy.program.reflection import Reflection
+from trace_dspy.program.reply_adapter import ChatReplyAdapter, chat_reply_adapter
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}

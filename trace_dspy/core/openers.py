@@ -1,0 +1,100 @@
+"""The openers a scaffolded reply may begin its sentences with, and the valence of an emotion they must suit.
+
+The stock openers, the pool a compile fits from (``trace_dspy.optimize.openers``), the check of a fitted
+table as an artifact stores it, and which mechanisms a plan's two sentences take. The reply stage writes
+with them in ``trace_dspy.program.reply_text``; they sit below the optimizers, which fit them.
+"""
+
+from __future__ import annotations
+
+# The scaffolded reply (reply_format "scaffold"): one sentence per planned mechanism, each begun with an
+# opener the model goes on from. Asked for a whole reply, SmolLM2-135M mostly answers "I'm sorry for your
+# loss." whatever happened (docs/results/replies.md, "Scaffolded replies"); begun with "You must be feeling" it
+# names a fitting feeling itself ("... really disappointed." to a failed driving test). The first opener of
+# each mechanism is the first reply's; further candidates (rollout 1, 2, ...) take the next ones.
+SCAFFOLD_OPENERS = {
+    "ER": ("That sounds", "Oh, that is", "I'm so"),
+    "IP": ("You must be feeling", "I can imagine how", "It must be"),
+    "EX": ("How are you feeling", "What happened", "How did"),
+}
+
+
+# The openers a compile may choose from with --opener-items (trace_dspy.optimize.openers ranks them by the metric
+# on training dialogues, separately for pleasant and unpleasant emotions, and stores the ranking in the
+# artifact). The stock openers come first; the others range from neutral to toned, and a toned one may only
+# answer its own valence (TONED_OPENERS).
+OPENER_POOL = {
+    "ER": ("That sounds", "Oh, that is", "I'm so", "Oh no, that sounds", "I'm so sorry", "That's so",
+           "Wow, that", "I'm really glad"),
+    "IP": ("You must be feeling", "I can imagine how", "It must be", "You must have been", "I know how",
+           "That must have been"),
+    "EX": ("How are you feeling", "What happened", "How did", "How are you", "What did you", "Do you"),
+}
+# Openers with a tone, and the only valence they may answer: nobody should hear "Oh no" about good news, whatever
+# a metric says (the compile's first fit on ED ranked "Oh no, that sounds" first for pleasant emotions too, on
+# the strength of a few dialogues). The others are neutral; the model gives them their tone.
+TONED_OPENERS = {"Oh no, that sounds": "negative", "I'm so sorry": "negative",
+                 "Wow, that": "positive", "I'm really glad": "positive"}
+
+
+def opener_suits(opener: str, valence: str) -> bool:
+    """May ``opener`` begin a reply to an emotion of ``valence`` ("any" takes neutral openers only)?"""
+    tone = TONED_OPENERS.get(opener)
+    return tone is None or tone == valence
+
+
+# Fitted openers are kept per valence of the recognized emotion; "any" is the ranking over all dialogues, for an
+# emotion outside the 32 labels.
+OPENER_VALENCES = ("positive", "negative", "any")
+MAX_OPENERS = 8
+MAX_OPENER_CHARS = 40
+_PLEASANT_GROUPS = ("happiness", "surprise")
+
+
+def emotion_valence(emotion) -> str:
+    """"positive" for the happiness and surprise groups, "negative" for the other four, "any" for no label."""
+    from trace_dspy.core.labels import EMOTION_TO_GROUP
+
+    group = EMOTION_TO_GROUP.get(str(emotion or "").strip().lower())
+    if group is None:
+        return "any"
+    return "positive" if group in _PLEASANT_GROUPS else "negative"
+
+
+def check_openers(openers) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Fitted openers as stored (valence -> mechanism -> openers, best first), checked; ValueError says what
+    is wrong. Mechanisms a valence leaves out keep the stock openers."""
+    if not isinstance(openers, dict):
+        raise ValueError(f"reply openers must be a table of valences, not {type(openers).__name__}")
+    checked: dict[str, dict[str, tuple[str, ...]]] = {}
+    for valence, table in openers.items():
+        if valence not in OPENER_VALENCES:
+            raise ValueError(f"reply openers: unknown valence {valence!r}; expected {', '.join(OPENER_VALENCES)}")
+        if not isinstance(table, dict):
+            raise ValueError(f"reply openers[{valence!r}] must be a table of mechanisms")
+        checked[valence] = {}
+        for kind, options in table.items():
+            if kind not in SCAFFOLD_OPENERS:
+                raise ValueError(f"reply openers[{valence!r}]: unknown mechanism {kind!r}; expected ER, IP or EX")
+            if isinstance(options, str) or not isinstance(options, (list, tuple)) \
+                    or not 1 <= len(options) <= MAX_OPENERS \
+                    or not all(isinstance(o, str) and o.strip() and len(o) <= MAX_OPENER_CHARS for o in options):
+                raise ValueError(f"reply openers[{valence!r}][{kind!r}] must be a list of 1 to {MAX_OPENERS} "
+                                 f"non-empty strings of at most {MAX_OPENER_CHARS} characters")
+            checked[valence][kind] = tuple(o.strip() for o in options)
+    return checked
+
+
+def scaffold_kinds(inputs: dict) -> list[str]:
+    """The mechanisms of a scaffolded reply's two sentences: the planned ones in order, the question (EX)
+    last. A plan of one mechanism writes two of its sentences; a plan of questions only, or none (the
+    strategy stage off), acknowledges first (ER)."""
+    kinds = list(dict.fromkeys(s for s in (inputs.get("strategy"), inputs.get("secondary_strategy"))
+                               if s in SCAFFOLD_OPENERS))
+    if kinds in ([], ["EX"]):
+        kinds = ["ER", "EX"]
+    elif len(kinds) == 1:
+        kinds = kinds * 2
+    kinds.sort(key=lambda kind: kind == "EX")
+    return kinds
+

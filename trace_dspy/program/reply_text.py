@@ -1,0 +1,128 @@
+"""What a reply says and how it is cleaned: the plan in words, the scaffold's openers and the listener's words.
+
+The reply stage's adapter (``trace_dspy.program.reply_adapter``) asks the model for a reply with these; the
+opener tables themselves are in ``trace_dspy.core.openers``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from trace_dspy.core.openers import SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds
+from trace_dspy.core.text import loop_start, sentences
+
+# How each planned mechanism is asked for, in words a small chat model follows.
+_STRATEGY_WORDS = {
+    "ER": "say warmly how you feel for them",
+    "IP": "show that you understand what they feel and why",
+    "EX": "ask one gentle question about what happened",
+}
+_ROLE_PREFIX = re.compile(r"^\s*(?:(?:speaker|listener|assistant|user|reply|response)\s*(?:\(reply\))?\s*:\s*)+",
+                          re.IGNORECASE)
+
+
+def openers_for(inputs: dict, fitted=None) -> dict[str, tuple[str, ...]]:
+    """The openers of each mechanism for this reply: the fitted ones of the emotion's valence (then "any"),
+    else the stock ``SCAFFOLD_OPENERS``."""
+    if not fitted:
+        return SCAFFOLD_OPENERS
+    table = fitted.get(emotion_valence(inputs.get("emotion"))) or fitted.get("any") or {}
+    return {kind: tuple(table.get(kind) or stock) for kind, stock in SCAFFOLD_OPENERS.items()}
+
+
+def scaffold_openers(inputs: dict, candidate: int = 0, openers=None) -> list[str]:
+    """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
+
+    ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
+    ``openers_for``); candidate c takes the c-th of each, coming round again past the last.
+    """
+    openers = openers or SCAFFOLD_OPENERS
+    kinds = scaffold_kinds(inputs)
+    chosen = []
+    for slot, kind in enumerate(kinds):
+        options = openers[kind]
+        repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
+        chosen.append(options[(candidate + repeat) % len(options)])
+    return chosen
+
+
+def first_sentence(text: str, opener: str = "") -> str:
+    """The first sentence of a completion that begins with ``opener``, cleaned as a reply is (one line, no
+    role prefix, no loop). A sentence cut off by the token limit ends at its first comma after the opener,
+    if it has one: "... hurt him, it is a lot to take care of, and it is hard to be a" keeps "... hurt him."
+    Complete sentences are kept whole: cutting those over 16 words at their first comma lowered the
+    composite on 100 ED items (0.5515 to 0.5440, docs/results/replies.md, "Scaffolded replies").
+    """
+    cleaned = clean_reply(text)
+    found = sentences(cleaned)
+    sentence = (found[0] if found else cleaned).strip()
+    if sentence and sentence[-1] not in ".!?":
+        comma = sentence.find(",", len(opener))
+        sentence = (sentence[:comma] if comma > 0 else sentence).rstrip(" ,;:") + "."
+    return sentence
+
+
+def plan_in_words(inputs: dict) -> str:
+    """The plan of the earlier stages as one plain instruction.
+
+    Only the mechanisms are given: on the embedded model the emotion label and
+    the cause summary are often wrong or copied from the message, and a small
+    writer repeats them.
+    """
+    steps = [_STRATEGY_WORDS[s] for s in (inputs.get("strategy"), inputs.get("secondary_strategy"))
+             if s in _STRATEGY_WORDS]
+    steps = list(dict.fromkeys(steps))
+    return ("First " + ", then ".join(steps) + ".") if steps else ""
+
+
+# EmpatheticDialogues text is tokenized and lower-cased ("i 'm sorry . what happened ?"); a model shown it
+# answers the same way. tidy_text writes it as a person would.
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([.,!?;:])")
+_SPLIT_CONTRACTION = re.compile(r"(?<=\w)\s+(n't|'s|'re|'ve|'ll|'d|'m)\b", re.IGNORECASE)
+_LONE_I = re.compile(r"\bi\b")
+_SENTENCE_START = re.compile(r"(^|[.!?]\s+)([a-z])")
+
+
+def tidy_text(text: str) -> str:
+    """Tokenized, lower-cased dataset text as written prose: no space before punctuation or inside
+    contractions, a capital "I", sentences starting with a capital letter."""
+    text = " ".join(str(text).split())
+    text = _SPLIT_CONTRACTION.sub(r"\1", _SPACE_BEFORE_PUNCT.sub(r"\1", text))
+    text = _LONE_I.sub("I", text)
+    return _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), text)
+
+
+_TRAILING_JOINER = re.compile(r"(?:[\s,;:-]+|\b(?:and|but|so|or|because|that)\b)+$", re.IGNORECASE)
+REPEAT_RUN = 4
+
+
+def _cut_repeated_run(line: str, size: int = REPEAT_RUN) -> str:
+    """The line up to where it starts saying ``size`` or more of its words again.
+
+    "I'm so glad you got the job, and I'm so glad you got the job" keeps its
+    first clause; a dangling joiner ("and", a comma) goes with the repeat.
+    """
+    start = loop_start(line, run=size)
+    if start is None:
+        return line
+    kept = _TRAILING_JOINER.sub("", line[:start]).rstrip()
+    if kept and kept[-1] not in ".!?":
+        kept += "."
+    return kept
+
+
+def clean_reply(text: str) -> str:
+    """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
+    line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
+    line = tidy_text(_ROLE_PREFIX.sub("", line).strip().strip('"').strip())
+    cut = loop_start(line)
+    if cut is not None:
+        line = line[:cut].rstrip(" ,;")
+    line = _cut_repeated_run(line)
+    kept, seen = [], set()
+    for sentence in (s.strip() for s in sentences(line)):
+        if sentence and sentence.lower() not in seen:
+            seen.add(sentence.lower())
+            kept.append(sentence)
+    return " ".join(kept[:2])
+
