@@ -162,27 +162,33 @@ class EmotionPriorPart(FittedPart):
                 f"on {record.get('dev_samples')} dev items, fitted on {record.get('train_samples')}")
 
 
-class ReplyOpeners(FittedPart):
+class ManifestPart(FittedPart):
+    """A part small enough to keep its value in its manifest record, under ``field``."""
+
+    field: ClassVar[str]
+
+    @classmethod
+    def record(cls, value, fit, config) -> Record:
+        return fit or {cls.field: None if cls.empty is None else list(cls.empty)}
+
+    @classmethod
+    def load(cls, folder: Path, record: Record, config):
+        try:
+            return cls.check(record.get(cls.field))
+        except ValueError as exc:
+            raise PartError(folder / "manifest.json", f"{cls.name}.{cls.field}", str(exc)) from None
+
+
+class ReplyOpeners(ManifestPart):
     """The scaffolded reply's openers (valence -> mechanism -> openers, best first); None: the stock ones."""
 
-    name, label = "reply_openers", "openers"
+    name, label, field = "reply_openers", "openers", "openers"
 
     @classmethod
     def check(cls, value):
         from trace_dspy.core.openers import check_openers
 
         return check_openers(value) if value else None
-
-    @classmethod
-    def record(cls, value, fit, config) -> Record:
-        return fit or {"openers": None}
-
-    @classmethod
-    def load(cls, folder: Path, record: Record, config):
-        try:
-            return cls.check(record.get("openers"))
-        except ValueError as exc:
-            raise PartError(folder / "manifest.json", "reply_openers.openers", str(exc)) from None
 
     @classmethod
     def describe(cls, record, program) -> str:
@@ -195,27 +201,16 @@ class ReplyOpeners(FittedPart):
         return f"fitted on {record.get('items')} training dialogues; first {first}"
 
 
-class ReplyPlans(FittedPart):
+class ReplyPlans(ManifestPart):
     """Further (primary, secondary) plans a reply is written for; (): the LM's plan only."""
 
-    name, label, empty = "reply_plans", "plans", ()
+    name, label, empty, field = "reply_plans", "plans", (), "plans"
 
     @classmethod
     def check(cls, value):
         from trace_dspy.core.labels import check_plans
 
         return check_plans(value or ())
-
-    @classmethod
-    def record(cls, value, fit, config) -> Record:
-        return fit or {"plans": []}
-
-    @classmethod
-    def load(cls, folder: Path, record: Record, config):
-        try:
-            return cls.check(record.get("plans"))
-        except ValueError as exc:
-            raise PartError(folder / "manifest.json", "reply_plans.plans", str(exc)) from None
 
     @classmethod
     def describe(cls, record, program) -> str:
