@@ -175,3 +175,29 @@ def test_stage_lms_route_calls_and_survive_compile():
     assert compiled.generate_response.demos  # it really compiled
     with pytest.raises(ValueError, match="unknown stage"):
         program.set_stage_lms({"respond": response_lm})
+
+
+def test_default_stage_lms_give_way_to_a_configured_lm():
+    recorded_lm, recorded = fake_lm(response="From the recorded model.")
+    configured_lm, configured = fake_lm(response="From the configured model.")
+    lms = {stage: recorded_lm for stage in STAGES}
+    program = TraceProgram(stage_lms=lms, stage_lms_default=True)
+    assert program(dialogue="I failed my driving test again.").response == "From the recorded model."
+    with dspy.context(lm=configured_lm):
+        assert program(dialogue="I failed my driving test again.").response == "From the configured model."
+    assert configured.stage_order() == STAGES and recorded.stage_order() == STAGES
+    # Stage LMs a caller chose are not a default: they keep their stages under a configured LM.
+    chosen = TraceProgram(stage_lms=lms)
+    with dspy.context(lm=configured_lm):
+        assert chosen(dialogue="I failed my driving test again.").response == "From the recorded model."
+
+
+def test_a_loaded_program_runs_on_the_lm_dspy_holds():
+    import trace_dspy
+
+    configured_lm, configured = fake_lm(response="From the configured model.")
+    program = trace_dspy.load("trace-dspy@v5")  # recorded on the embedded model, which must not be called
+    with dspy.context(lm=configured_lm):
+        pred = program(dialogue="I failed my driving test again.")
+    assert pred.response == "From the configured model."
+    assert configured.stage_order()[-1] == "generate_response"

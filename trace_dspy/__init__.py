@@ -21,7 +21,9 @@ def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str
             ``respond`` and ``chat`` run by default (the newest artifact that did not do worse than the
             uncompiled program on its dev set, else the uncompiled program on the embedded model and the
             seed set).
-        lm_config: an ``LMConfig`` that replaces the models the artifact records.
+        lm_config: an ``LMConfig`` that replaces the models the artifact records. Without it the recorded
+            models are a default: while an LM is configured in DSPy (``dspy.configure(lm=...)`` or
+            ``dspy.context(lm=...)``), every stage runs on that one.
         root: where ``NAME@vN`` is looked up (default: ``$TRACE_DSPY_ARTIFACTS``, else ./artifacts, then the
             checkout's).
         tracking_uri: the MLflow store for ``champion``, ``models:/`` and ``runs:/``.
@@ -41,9 +43,7 @@ def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str
 
     if ref is None:
         ref = default_reference()
-    if ref == "default" and (lm_config is not None or root is not None or trust_lm or not attach_lms):
-        raise TypeError("load() of the uncompiled default takes no options")
     settings = Settings(lm_explicit=lm_config is not None, trust_artifact_lm=trust_lm,
                         **({"lm": lm_config} if lm_config is not None else {}))
     return load_for_run(ref, settings, tracking_uri=tracking_uri, root=root, attach_lms=attach_lms,
-                        announce_seed=False).program
+                        announce_seed=False, stage_lms_default=lm_config is None).program

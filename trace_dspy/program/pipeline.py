@@ -70,13 +70,16 @@ class TraceProgram(Reflection, dspy.Module):
     It returns a ``dspy.Prediction`` holding every stage's outputs.
 
     ``stage_lms`` maps stage names to the ``dspy.LM`` that runs them; stages
-    without one use the LM in ``dspy.settings``. They are applied with
+    without one use the LM in ``dspy.settings``. With ``stage_lms_default``
+    they are only a default: while an LM is configured (``dspy.configure`` or
+    ``dspy.context``), every stage runs on that one instead. They are applied with
     ``dspy.context`` inside ``forward`` rather than stored on the predictors,
     because optimizers reset predictor LMs when they compile.
     """
 
     def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None,
-                 retriever=None, emotion_prior=None, *, parts: FittedParts | None = None):
+                 retriever=None, emotion_prior=None, *, parts: FittedParts | None = None,
+                 stage_lms_default: bool = False):
         super().__init__()
         self.config = config or ProgramConfig()
         self._prior_encoder = None
@@ -93,6 +96,7 @@ class TraceProgram(Reflection, dspy.Module):
             shorthand["retrieval"] = shorthand.pop("retriever")
         self._use_parts((parts or FittedParts()).replace(**shorthand) if shorthand else parts or FittedParts())
         self._stage_lms: dict[str, dspy.LM] = {}
+        self._stage_lms_default = stage_lms_default
         self.set_stage_lms(stage_lms or {})
 
     @property
@@ -166,8 +170,14 @@ class TraceProgram(Reflection, dspy.Module):
     def stage_lms(self) -> dict[str, dspy.LM]:
         return dict(self._stage_lms)
 
+    def _stage_lm(self, stage: str):
+        """The stage's own LM; None where it has none, or where its LMs are a default and one is configured."""
+        if self._stage_lms_default and dspy.settings.lm is not None:
+            return None
+        return self._stage_lms.get(stage)
+
     def _stage_context(self, stage: str):
-        lm = self._stage_lms.get(stage)
+        lm = self._stage_lm(stage)
         adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
         reply_format = self.reply_format(lm or dspy.settings.lm) if stage == "generate_response" else None
         if reply_format == "scaffold" and self._openers_adapter is not None:
@@ -234,7 +244,7 @@ class TraceProgram(Reflection, dspy.Module):
         return self.config.prior_k
 
     def _emotion_lm(self):
-        return self._stage_lms.get("recognize_emotion") or dspy.settings.lm
+        return self._stage_lm("recognize_emotion") or dspy.settings.lm
 
     def _prior_decides(self, lm) -> bool:
         """One candidate, a grammar that could only write it, and no other output: no LM call is needed."""

@@ -45,7 +45,7 @@ class LoadedProgram:
 
 
 def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts: FittedParts | None = None,
-                  stage_lms=None, where: str = "program.json"):
+                  stage_lms=None, stage_lms_default: bool = False, where: str = "program.json"):
     """A TraceProgram built with its fitted parts and stage LMs, then given a saved ``state`` (checked).
 
     The parts come first: the prior decides whether the emotion stage has its
@@ -53,7 +53,7 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts:
     """
     from trace_dspy.program.pipeline import TraceProgram
 
-    program = TraceProgram(config, stage_lms=stage_lms, parts=parts)
+    program = TraceProgram(config, stage_lms=stage_lms, parts=parts, stage_lms_default=stage_lms_default)
     if state is not None:
         load_state(program, state, where=where)
     return program
@@ -61,7 +61,7 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts:
 
 def _load_artifact(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
                   tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False,
-                  timeout: float | None = None) -> LoadedProgram:
+                  timeout: float | None = None, stage_lms_default: bool = False) -> LoadedProgram:
     """A compiled program from any reference (see ``trace_dspy.load``), built with its parts and LMs.
 
     The LM config recorded in the manifest is used only when ``lm_config`` is
@@ -78,7 +78,7 @@ def _load_artifact(ref: str, *, lm_config: LMConfig | None = None, root: str | o
     lms = LMSet(lm_config or recorded)
     program = build_program(stored.config, stored.state, parts=stored.parts,
                             stage_lms=lms.stage_lms() if attach_lms else None,
-                            where=str(folder / "program.json"))
+                            stage_lms_default=stage_lms_default, where=str(folder / "program.json"))
     return LoadedProgram(program, lms, stored.manifest, folder, ref)
 
 
@@ -171,7 +171,7 @@ def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:
 
 def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
                  announce_seed: bool = True, root: str | os.PathLike | None = None,
-                 attach_lms: bool = True) -> LoadedProgram:
+                 attach_lms: bool = True, stage_lms_default: bool = False) -> LoadedProgram:
     """What a command runs: the uncompiled program for 'default', else a loaded artifact; None: default_reference().
 
     Args:
@@ -182,6 +182,7 @@ def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, 
             allows a recorded endpoint or key variable; ``settings.timeout`` applies to recorded LMs too.
         data, seed: the data source the uncompiled program retrieves exemplars from and fits its prior on.
         root: where ``NAME@vN`` is looked up. attach_lms: False leaves the stages on ``dspy.settings``.
+        stage_lms_default: the attached LMs give way to an LM configured in ``dspy.settings``.
 
     Returns:
         The program, its LMs and its manifest (``LoadedProgram``).
@@ -193,13 +194,14 @@ def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, 
         parts = FittedParts({"retrieval": default_retriever(settings.program, data, seed=seed,
                                                             announce_seed=announce_seed),
                              "emotion_prior": default_prior(settings.program, data, seed=seed)})
-        program = build_program(settings.program, None, parts=parts, stage_lms=lms.stage_lms())
+        program = build_program(settings.program, None, parts=parts,
+                                stage_lms=lms.stage_lms() if attach_lms else None, stage_lms_default=stage_lms_default)
         return LoadedProgram(program, lms, None, None, "default")
     if data is not None:
         _note_unused_data(ref, data, seed=seed)
     return _load_artifact(ref, lm_config=settings.lm if settings.lm_explicit else None, root=root,
                           tracking_uri=tracking_uri, attach_lms=attach_lms, trust_lm=settings.trust_artifact_lm,
-                          timeout=settings.timeout)
+                          timeout=settings.timeout, stage_lms_default=stage_lms_default)
 
 
 def _note_unused_data(ref: str, data, *, seed: int) -> None:
