@@ -66,6 +66,10 @@ def _isolate_mlflow(monkeypatch):
         if mlflow.active_run() is not None:
             mlflow.end_run()
         mlflow.set_tracking_uri(None)
+        # A compile makes its experiment the process's active one; the next test's store does not have it.
+        import mlflow.tracking.fluent as fluent
+
+        fluent._active_experiment_id = None
     except Exception:
         pass
 

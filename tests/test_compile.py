@@ -237,7 +237,7 @@ def test_champion_moves_only_on_a_strictly_better_score(tmp_path):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("champion")) as run:
         versions_ = [register_version(run.info.run_id, run.info.artifact_uri, s, tracking_uri=uri)
                      for s in (0.5, 0.4, 0.5, 0.50001)]
     assert versions_ == [1, 2, 3, 4]
