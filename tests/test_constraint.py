@@ -8,7 +8,7 @@ from typing import Literal
 import dspy
 import pytest
 
-from trace_dspy.core.config import ProgramConfig
+from test_prompts import DIALOGUE, FULL, INPUTS  # the prompts tests' dialogue and stage inputs
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.core.stages import REGISTRY
 from trace_dspy.lm.adapters import ADAPTERS, CompactChatAdapter
@@ -24,16 +24,6 @@ from trace_dspy.lm.specs import TraceLM
 from trace_dspy.program.pipeline import TraceProgram
 from trace_dspy.program.reply_adapter import ChatReplyAdapter
 
-DIALOGUE = ("Speaker: My dog Biscuit ran away yesterday. We searched the whole park.\n"
-            "Listener: Oh no! Have you found him?\nSpeaker: Not yet. I keep checking the door.")
-INPUTS = {
-    "dialogue": DIALOGUE, "emotion": "sad", "emotion_candidates": "sad (61%), devastated (20%), lonely (9%)",
-    "trigger_spans": ["My dog Biscuit ran away yesterday."], "cause_summary": "Their dog ran away.",
-    "cause_category": "Loss & Failure", "strategy": "ER", "secondary_strategy": "EX",
-    "exemplars": ["Speaker: I lost my cat.\nListener (reply): That is so hard."], "commonsense": "xWant: to find him",
-    "revision_note": "", "response": "I'm so sorry about Biscuit.",
-}
-FULL = ProgramConfig(commonsense=True, reflection=True, prior_k=3, reasoning=("recognize_emotion",))
 LAYOUTS = {"chat": "sections", "compact": "sections", "json": "json"}
 
 

@@ -226,15 +226,9 @@ def test_truncation_warnings_are_dropped_unless_verbose(monkeypatch):
 
     # A handler of our own on DSPy's logger: what reaches it is what a user's handler would see, whatever
     # pytest's log capture also hooks (DSPy's loggers may not propagate to the root logger).
-    class Collect(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.WARNING)
-            self.messages: list[str] = []
-
-        def emit(self, record):
-            self.messages.append(record.getMessage())
-
     lm_log = logging.getLogger("dspy.clients.lm")
+    from test_lm_warnings import Collect
+
     seen = Collect()
     lm_log.addHandler(seen)
     level = lm_log.level
