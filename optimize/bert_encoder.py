@@ -230,8 +230,6 @@ class BertSentenceEncoder:
                 "ffn_b": get(p + "output.dense.bias", (h,)),
                 "norm2": (get(p + "output.LayerNorm.weight", (h,)), get(p + "output.LayerNorm.bias", (h,))),
             })
-        if cfg.max_seq_length > self.position.shape[0]:  # pragma: no cover - read_config checks it
-            raise UnsupportedModel(f"unsupported model folder {self.folder}: too few positions")
 
     # -- encoding ---------------------------------------------------------------
 
