@@ -234,7 +234,8 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     """The top-token grammar check must pick exactly what full-vocabulary masking picks."""
     from trace_dspy.lm.specs import local_lm
 
-    fast = local_lm(cache=False, fast_greedy=True, loop_guard=False)  # the guard changes answers on purpose
+    # The guard and jump-forward reading change answers on purpose (tested on their own).
+    fast = local_lm(cache=False, fast_greedy=True, loop_guard=False, jump_forward=False)
     slow = local_lm(cache=False, fast_greedy=False)
     program = TraceProgram(ProgramConfig(best_of=1))  # greedy calls only: the fast path is for greedy decoding
     dialogues = [DIALOGUE, "I lost my wallet on the bus."]
@@ -256,7 +257,9 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
 
     dialogue = "Speaker: My roommate keeps eating my food."
     program = TraceProgram(ProgramConfig(best_of=1))
-    plain, guarded = local_lm(cache=False, loop_guard=False), local_lm(cache=False)
+    # Jump-forward reading off on both: it changes what the model goes on from (tested on its own).
+    plain, guarded = local_lm(cache=False, loop_guard=False, jump_forward=False), local_lm(cache=False,
+                                                                                          jump_forward=False)
     with dspy.context(lm=plain):
         looping = program(dialogue=dialogue)
     with dspy.context(lm=guarded):

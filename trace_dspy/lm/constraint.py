@@ -17,7 +17,8 @@ from typing import Any, Literal
 # The LM call keyword that carries the constraint, and the key it has in the request's metadata.
 CONSTRAINT_KWARG = "output_constraint"
 METADATA_KEY = "trace_dspy_output_constraint"
-LAYOUTS = ("sections", "json")
+# sections: ``[[ ## name ## ]]`` blocks; json: one JSON object; plain: the whole completion is one free text.
+LAYOUTS = ("sections", "json", "plain")
 KINDS = ("label", "text", "list", "bool", "int", "float")
 _PLAIN_KINDS = {str: "text", bool: "bool", int: "int", float: "float"}
 
@@ -53,10 +54,19 @@ class OutputConstraint:
     layout: str
     fields: tuple[OutputField, ...]
     inputs: tuple[tuple[str, str], ...] = ()
+    # Plain layout: end the completion after this many complete sentences (0: no limit).
+    max_sentences: int = 0
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}; expected one of {', '.join(LAYOUTS)}")
+        if self.max_sentences < 0:
+            raise ValueError(f"max_sentences must be 0 or more, got {self.max_sentences}")
+
+    @classmethod
+    def plain_text(cls, name: str, *, max_sentences: int = 0) -> OutputConstraint:
+        """A completion that is one free text (no grammar), ended after ``max_sentences`` sentences if set."""
+        return cls("plain", (OutputField(name, "text"),), max_sentences=max_sentences)
 
     @classmethod
     def from_signature(cls, signature, layout: str, inputs: dict[str, Any] | None = None) -> OutputConstraint | None:
@@ -85,13 +95,17 @@ class OutputConstraint:
         return dict(self.inputs).get(name)
 
     def to_json(self) -> dict[str, Any]:
-        return {"layout": self.layout, "inputs": [list(pair) for pair in self.inputs],
+        data = {"layout": self.layout, "inputs": [list(pair) for pair in self.inputs],
                 "fields": [{"name": f.name, "kind": f.kind, "labels": list(f.labels)} for f in self.fields]}
+        if self.max_sentences:
+            data["max_sentences"] = self.max_sentences
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> OutputConstraint:
         fields = tuple(OutputField(f["name"], f["kind"], tuple(f.get("labels") or ())) for f in data["fields"])
-        return cls(data["layout"], fields, tuple((str(k), str(v)) for k, v in data.get("inputs") or ()))
+        return cls(data["layout"], fields, tuple((str(k), str(v)) for k, v in data.get("inputs") or ()),
+                   int(data.get("max_sentences") or 0))
 
 
 def constraint_kwargs(lm, lm_kwargs: dict[str, Any], signature, inputs: dict[str, Any],

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 
-from trace_dspy.core.text import loop_start
+from trace_dspy.core.text import loop_start, sentence_spans
 from trace_dspy.lm.model_files import LocalModelError, import_llama
 
 
@@ -43,6 +44,14 @@ class _GrammarPick:
         if not np.isfinite(view["logit"]).any():
             raise LocalModelError("the output grammar allows no next token")
         return int(view["id"][int(np.argmax(view["logit"]))])
+
+    def allows(self, token: int) -> bool:
+        """Does the grammar allow ``token`` next?"""
+        lc = self.llama_cpp
+        self.one[0].id, self.one[0].logit, self.one[0].p = token, 0.0, 0.0
+        single = lc.llama_token_data_array(self.one, 1, -1, False)
+        lc.llama_sampler_apply(self.sampler, ctypes.byref(single))
+        return bool(math.isfinite(self.one[0].logit))
 
     def accept(self, token: int) -> None:
         self.llama_cpp.llama_sampler_accept(self.sampler, token)
@@ -112,8 +121,24 @@ def _loop_cut(llama, text: str, out: list[int], free_fields: frozenset) -> int |
                 if len(llama.detokenize(out[:i]).decode("utf-8", errors="ignore")) >= target)
 
 
+def _read_forced(llama, pick: _GrammarPick, forced: str, out: list[int]) -> int:
+    """Read the forced text in one batch, each token checked by the grammar and accepted; how many were read
+    (0: the grammar took none of them, and the model picks the next token as usual)."""
+    taken = []
+    for token in llama.tokenize(forced.encode("utf-8"), add_bos=False, special=False):
+        if not pick.allows(token):
+            break
+        pick.accept(token)
+        taken.append(token)
+    if taken:
+        out.extend(taken)
+        llama.eval(taken)
+    return len(taken)
+
+
 def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: list[str],
-           loop_guard: bool = False, free_fields: frozenset = frozenset(), stats: dict | None = None) -> dict:
+           loop_guard: bool = False, free_fields: frozenset = frozenset(), stats: dict | None = None,
+           forcing=None) -> dict:
     """Greedy decoding under a grammar, checking the grammar on the top token first.
 
     llama.cpp's grammar sampler tests every one of the 49k vocabulary entries
@@ -126,6 +151,8 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
     ``trace_dspy.core.text.loop_start``; only the ``free_fields``) is cut back to its first statement and closed: greedy
     decoding of a small model otherwise repeats the loop until the length cap,
     spending tokens on text that only lowers the reply's worth.
+    With ``forcing`` (``trace_dspy.lm.forcing.Forcing``), text the grammar leaves no choice about is read in
+    one batch instead of one pass per token, and the closing header is written without the model.
     Returns a create_completion-shaped dict.
     """
     import numpy as np
@@ -139,6 +166,16 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
     finish, text, closing = "length", "", False
     try:
         while len(out) < max_tokens:
+            if forcing is not None and not closing:
+                forced, complete = forcing.next_text(text)
+                if complete:  # the rest is the closing header: nothing for the model to choose
+                    text, finish = text + forced, "stop"
+                    counts["forced_chars"] = counts.get("forced_chars", 0) + len(forced)
+                    break
+                if forced and _read_forced(llama, pick, forced, out):
+                    counts["forced_reads"] = counts.get("forced_reads", 0) + 1
+                    text = llama.detokenize(out).decode("utf-8", errors="ignore")
+                    continue
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             if closing:  # end the cut value: only a line break or a closing quote
                 logits, closing = _only_closers(llama, logits), False
@@ -170,3 +207,23 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
     return {"id": f"greedy-{id(out)}", "choices": [{"text": text, "finish_reason": finish}],
             "usage": {"prompt_tokens": len(tokens), "completion_tokens": len(out),
                       "total_tokens": len(tokens) + len(out)}}
+
+
+def first_sentences(text: str, count: int) -> str:
+    """``text`` up to the end of its ``count``-th sentence (all of it when it has fewer complete ones)."""
+    done = [s for s in sentence_spans(text) if s.marks][:count]
+    return text[: done[-1].end] if len(done) == count else text
+
+
+def sentence_stop(llama, prompt_tokens: int, count: int):
+    """llama.cpp stopping criteria that end a completion once it holds ``count`` complete sentences and a
+    character after the last one (so that a run of marks such as "?!" is whole); None for ``count`` 0."""
+    if not count:
+        return None
+
+    def done(input_ids, _logits) -> bool:
+        text = llama.detokenize(list(input_ids[prompt_tokens:])).decode("utf-8", errors="ignore")
+        ended = [s for s in sentence_spans(text) if s.marks]
+        return len(ended) >= count and len(text) > ended[count - 1].end
+
+    return import_llama().StoppingCriteriaList([done])

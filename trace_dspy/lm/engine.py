@@ -33,15 +33,18 @@ from typing import Any
 from dspy.lm15 import Message, Response, TextPart, Usage
 
 from trace_dspy.lm.constraint import OutputConstraint, request_constraint
-from trace_dspy.lm.decoding import greedy
+from trace_dspy.lm.decoding import first_sentences, greedy, sentence_stop
+from trace_dspy.lm.forcing import Forcing
 from trace_dspy.lm.grammar import (
     DEFAULT_QUOTE_FIELDS,
     DEFAULT_TEXT_LIMITS,
+    call_options,
     grammar_for_call,
     prompt_constraint,
 )
 from trace_dspy.lm.model_files import default_model_path, import_llama
-from trace_dspy.lm.models import LoadedModel, load_model, restore_context, save_context
+from trace_dspy.lm.models import LoadedModel, load_model, restore_context, save_context, set_threads
+from trace_dspy.lm.threads import DEFAULT_POLICY, ThreadPolicy
 
 # min-p for sampled calls: llama.cpp's own default is 0.05; at DSPy's Best-of-N temperature of 1.0 that lets
 # the 135M model wander into incoherent stories, which the reward cannot always tell from an answer
@@ -88,6 +91,7 @@ class LlamaEngine:
         *,
         n_ctx: int = 4096,
         n_threads: int | None = None,
+        thread_policy: str = DEFAULT_POLICY,
         seed: int = 0,
         constrained: bool = True,
         prefix_cache: bool = True,
@@ -98,10 +102,13 @@ class LlamaEngine:
         fast_greedy: bool = True,
         loop_guard: bool = True,
         sample_min_p: float = SAMPLE_MIN_P,
+        jump_forward: bool = True,
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
         self.n_threads = int(n_threads or min(4, os.cpu_count() or 1))
+        # adaptive: each call gets the cores other processes leave free (trace_dspy.lm.threads); fixed: n_threads.
+        self.thread_policy = ThreadPolicy(thread_policy, self.n_threads)
         self.seed = int(seed)
         self.constrained = bool(constrained)
         self.prefix_cache = bool(prefix_cache)
@@ -120,21 +127,26 @@ class LlamaEngine:
         self.sample_min_p = float(sample_min_p)
         if not 0.0 <= self.sample_min_p < 1.0:
             raise ValueError(f"sample_min_p must be in [0, 1), got {sample_min_p}")
+        # Fast greedy calls read the text their grammar forces in one batch (trace_dspy.lm.forcing).
+        self.jump_forward = bool(jump_forward)
         self.guard_counts: dict[str, int] = {}
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
         self._sampled: dict[int, int] = {}
         self.stats = EngineStats()
+        self.last_threads = self.n_threads
 
     # -- settings, pickling, saving ---------------------------------------------
 
     def settings(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
+            "thread_policy": self.thread_policy.policy,
             "seed": self.seed, "constrained": self.constrained, "prefix_cache": self.prefix_cache,
             "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
             "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard, "sample_min_p": self.sample_min_p,
+            "jump_forward": self.jump_forward,
         }
 
     def __getstate__(self):
@@ -234,6 +246,7 @@ class LlamaEngine:
         model = self._model()
         with model.lock:
             llama = model.llama
+            self.last_threads = set_threads(model, self.thread_policy.threads())
             full = model.formatter(messages=messages)
             tokens = llama.tokenize((full.prompt + prefill).encode("utf-8"), add_bos=not full.added_special,
                                     special=True)
@@ -247,13 +260,25 @@ class LlamaEngine:
             if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
                 free = frozenset(f.name for f in constraint.fields if f.kind == "text")
                 out = greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops,
-                             loop_guard=self.loop_guard, stats=self.guard_counts, free_fields=free)
+                             loop_guard=self.loop_guard, stats=self.guard_counts, free_fields=free,
+                             forcing=self._forcing(constraint))
             else:
-                out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops})
+                limit = constraint.max_sentences if constraint is not None and constraint.layout == "plain" else 0
+                out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops},
+                                              stopping_criteria=sentence_stop(llama, len(tokens), limit))
+                if limit:
+                    out["choices"][0]["text"] = first_sentences(out["choices"][0]["text"], limit)
             usage = out.get("usage") or {}
             self.stats.add(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                            time.perf_counter() - started, messages)
         return out
+
+    def _forcing(self, constraint: OutputConstraint) -> Forcing | None:
+        """What the call's grammar forces (see ``trace_dspy.lm.forcing``); None with ``jump_forward`` off."""
+        if not self.jump_forward:
+            return None
+        quotes, choices = call_options(constraint, quote_fields=self.quote_fields)
+        return Forcing(constraint, dict(self.text_limits), quotes, choices)
 
     def _sample_seed(self, messages: list[dict], temperature: float) -> int:
         """The engine seed, offset by how often this prompt was sampled before.

@@ -84,7 +84,7 @@ def constraint_grammar(
     choices: for label fields, the only labels allowed (e.g. the emotion prior's candidates); labels
         outside the field's set are ignored.
     """
-    if constraint is None:
+    if constraint is None or constraint.layout == "plain":
         return None
     as_json = constraint.layout == "json"
     limits, quotes, choices = limits or {}, quotes or {}, choices or {}
@@ -139,6 +139,14 @@ def grammar_for_call(constraint: OutputConstraint | None, *, limits: dict[str, i
     """
     if constraint is None:
         return None
+    quotes, choices = call_options(constraint, quote_fields=quote_fields, choice_fields=choice_fields)
+    return constraint_grammar(constraint, limits=limits, quotes=quotes, choices=choices)
+
+
+def call_options(constraint: OutputConstraint, *, quote_fields: dict[str, str] | None = None,
+                 choice_fields: dict[str, str] | None = None) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The verbatim quotes (list field -> sentences) and candidate labels (label field -> labels) that one
+    call's input texts give its grammar (see ``grammar_for_call``)."""
     quotes, choices = {}, {}
     for out_field, in_field in (quote_fields or {}).items():
         if out_field in constraint.names and (sentences := speaker_sentences(constraint.input_text(in_field))):
@@ -146,7 +154,7 @@ def grammar_for_call(constraint: OutputConstraint | None, *, limits: dict[str, i
     for out_field, in_field in (DEFAULT_CHOICE_FIELDS if choice_fields is None else choice_fields).items():
         if out_field in constraint.names and (labels := candidate_labels(constraint.input_text(in_field))):
             choices[out_field] = labels
-    return constraint_grammar(constraint, limits=limits, quotes=quotes, choices=choices)
+    return quotes, choices
 
 
 # ---------------------------------------------------------------- calls without a constraint: the prompt

@@ -28,6 +28,7 @@ class LoadedModel:
     states: OrderedDict  # hash of prefix tokens -> (buffer, size, token ids)
     formatter: Any = None  # renders a whole chat prompt, ending with the assistant cue
     prefix_formatter: Any = None  # renders the fixed part, without the cue
+    threads: int | None = None  # the thread count its context runs with now (None: as loaded)
 
 
 _MODELS: dict[tuple, LoadedModel] = {}
@@ -76,6 +77,14 @@ def chat_formatters(llama) -> tuple[Any, Any]:
     eos, bos = token_text(llama.token_eos()), token_text(llama.token_bos())
     return (Jinja2ChatFormatter(template, eos, bos, add_generation_prompt=True),
             Jinja2ChatFormatter(template, eos, bos, add_generation_prompt=False))
+
+
+def set_threads(model: LoadedModel, threads: int) -> int:
+    """Run the model's next calls on ``threads`` threads (prompt reading and generation alike)."""
+    if getattr(model, "threads", None) != threads:
+        import_llama().llama_set_n_threads(model.llama._ctx.ctx, threads, threads)
+        model.threads = threads
+    return threads
 
 
 def loaded_model_count() -> int:

@@ -67,7 +67,7 @@ LOCAL_SETTINGS: dict[str, tuple] = {
     "n_ctx": (int, 16, 131_072), "n_threads": ((int, type(None)), 1, 256), "seed": (int, 0, 2**32 - 1),
     "max_states": (int, 0, 1024), "default_max_tokens": (int, 1, 131_072), "sample_min_p": ((int, float), 0.0, 0.99),
     "constrained": (bool,), "prefix_cache": (bool,), "fast_greedy": (bool,), "loop_guard": (bool,),
-    "quote_fields": (dict,), "text_limits": (dict,),
+    "jump_forward": (bool,), "quote_fields": (dict,), "text_limits": (dict,), "thread_policy": (str,),
 }
 
 
@@ -95,6 +95,11 @@ def _check_local(local: Any) -> None:
         elif types is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"local.{key}: expected true or false, found {value!r:.40}")
+        elif key == "thread_policy":
+            from trace_dspy.lm.threads import POLICIES
+
+            if value not in POLICIES:
+                raise ConfigError(f"local.thread_policy: expected one of {', '.join(POLICIES)}, found {value!r:.40}")
         else:
             inner = str if key == "quote_fields" else int
             ok = isinstance(value, dict) and len(value) <= 64 and all(
@@ -160,6 +165,10 @@ class LMSpec:
             raise ConfigError(
                 f"api_key_env must be the NAME of an environment variable, not {self.api_key_env[:4]!r}..."
             )
+        if self.is_local and "thread_policy" not in self.local:  # recorded with the spec, chosen or not
+            from trace_dspy.lm.threads import DEFAULT_POLICY
+
+            object.__setattr__(self, "local", {**self.local, "thread_policy": DEFAULT_POLICY})
         # The variable this spec reads its key from, and a password in its URL, are masked in every
         # message, row and trace from now on, whatever the variable is called.
         register_secret_name(self.api_key_env)
@@ -433,6 +442,7 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
         name += "" if engine.constrained else "+unconstrained"
         name += "" if engine.prefix_cache else "+noreuse"
         name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
+        name += "" if engine.jump_forward or not engine.fast_greedy else "+nojump"
         name += "" if engine.sample_min_p == SAMPLE_MIN_P else f"+minp{engine.sample_min_p:g}"
     return TraceLM(name, engine=engine, cache=cache)
 

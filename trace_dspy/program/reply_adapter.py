@@ -7,6 +7,7 @@ import textwrap
 from trace_dspy.core.openers import SCAFFOLD_OPENERS, check_openers
 from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
+from trace_dspy.lm.constraint import CONSTRAINT_KWARG, OutputConstraint
 from trace_dspy.program.reply_text import (
     clean_reply,
     first_sentence,
@@ -86,6 +87,8 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         rollout = lm_kwargs.get("rollout_id", lm.kwargs.get("rollout_id"))
         candidate = 0 if rollout is None else int(rollout) + 1
         kwargs = {**lm_kwargs, "max_tokens": min(lm_kwargs["max_tokens"], SCAFFOLD_SENTENCE_TOKENS)}
+        if getattr(lm, "takes_output_constraint", False):  # only the first sentence is kept: stop after it
+            kwargs[CONSTRAINT_KWARG] = OutputConstraint.plain_text("response", max_sentences=1)
         said: list[str] = []
         for opener in scaffold_openers(inputs, candidate, openers_for(inputs, self.openers)):
             call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
