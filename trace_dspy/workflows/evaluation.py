@@ -176,7 +176,7 @@ def evaluate_program(
     writer = AppendWriter(results_path) if results_path is not None else None
     callbacks = [*(dspy.settings.config.get("callbacks") or []), spans.lm_span_callback()] if trace else None
     try:
-        with progress(total=len(todo), desc=desc) as bar, record_traces(trace), \
+        with progress(total=len(todo), desc=desc, unit="dialogues") as bar, record_traces(trace), \
                 (dspy.context(callbacks=callbacks) if trace else nullcontext()), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             _collect(pool, with_dspy_context(task), todo, rows, writer=writer, bar=bar, done_count=len(done),
