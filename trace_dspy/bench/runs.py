@@ -20,7 +20,7 @@ from trace_dspy.bench.emotion import emotion_markdown, measure_emotion
 from trace_dspy.bench.overhead import measure_overhead, overhead_markdown
 from trace_dspy.bench.records import BENCH_EXPERIMENT, flat_numbers, machine
 from trace_dspy.bench.scorer import measure_scorer, scorer_markdown
-from trace_dspy.core.console import progress
+from trace_dspy.core.console import heartbeat, progress
 from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.workflows.settings import Settings
 
@@ -208,7 +208,8 @@ def run_quality_bench(where: Where, *, limit: int, view: str, systems: Sequence[
     run.charts = quality_charts(report, where.out_dir)
     run.out_dir = save_run(where, run, log=False)
     if where.mlflow:
-        with logged_or_warned(run.out_dir):
+        with logged_or_warned(run.out_dir), heartbeat("mlflow") as phase:
+            phase.note("logging the bench runs")
             run.mlflow_run_id = log_quality_to_mlflow(
                 report, [*run.charts, run.out_dir / "quality.md", run.out_dir / "quality.json"],
                 tracking_uri=where.tracking_uri, experiment=where.experiment, params=setup["run"])

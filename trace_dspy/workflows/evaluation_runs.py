@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core.console import heartbeat
 from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.workflows.evaluation import (
@@ -148,7 +149,9 @@ def evaluate_one(ref: str, loaded, metric, source, examples: Sequence, parts: di
               "data": source.describe(), "program": loaded.describe()}
     evaluated = Evaluated(ref, result, summary, metric.similarity_kind, out_dir)
     if options.mlflow:
-        evaluated.mlflow_run = _log_run(evaluated, record, loaded, metric, source, parts, options)
+        with heartbeat("mlflow") as phase:
+            phase.note("logging the evaluation run and its traces")
+            evaluated.mlflow_run = _log_run(evaluated, record, loaded, metric, source, parts, options)
     atomic_write_json(out_dir / "summary.json", record)
     return evaluated
 
