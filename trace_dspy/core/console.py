@@ -75,7 +75,7 @@ class Progress:
     def __enter__(self) -> Progress:
         self._started = time.monotonic()
         if self._terminal:
-            from tqdm import tqdm
+            from tqdm.std import tqdm  # the plain class: this Progress has decided where it draws
 
             fmt = None if self.unit is not None else "{desc}: {elapsed}{postfix}"
             self._bar = tqdm(total=self.total, desc=self.desc, file=self._stream, unit=self.unit or "it",
@@ -175,7 +175,7 @@ def _output(text: str, stream: TextIO) -> None:
         bars = any(p._bar is not None for p in _ACTIVE)
         _LAST_OUTPUT[0] = time.monotonic()
     if bars:
-        from tqdm import tqdm
+        from tqdm.std import tqdm
 
         tqdm.write(text, file=stream)
     else:
@@ -200,10 +200,10 @@ def heartbeat(desc: str, **options) -> Progress:
     return Progress(desc, unit=None, **options)
 
 
-def counting_dspy_calls(phase: Progress, *, evaluations: bool = True):
-    """A ``dspy.context`` in which every LM call (``N LM calls`` in ``phase``'s detail) and, with
-    ``evaluations``, every finished ``dspy.Evaluate`` (``phase.update``) is reported: how the loops inside
-    DSPy's optimizers show progress. Earlier callbacks (MLflow's autolog, span recorders) stay."""
+def counting_dspy_calls(phase: Progress):
+    """A ``dspy.context`` in which every LM call (``N LM calls`` in ``phase``'s detail) and every finished
+    ``dspy.Evaluate`` (``phase.update``) is reported: how the loops inside DSPy's optimizers show progress.
+    Earlier callbacks (MLflow's autolog, span recorders) stay."""
     import dspy
     from dspy.utils.callback import BaseCallback
 
@@ -219,8 +219,7 @@ def counting_dspy_calls(phase: Progress, *, evaluations: bool = True):
             phase.note(f"{calls} LM calls")
 
         def on_evaluate_end(self, call_id, outputs, exception=None):
-            if evaluations:
-                phase.update(1)
+            phase.update(1)
 
     return dspy.context(callbacks=[*(dspy.settings.config.get("callbacks") or []), Counting()])
 
