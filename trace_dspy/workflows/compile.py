@@ -139,10 +139,12 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
 
     Every phase that can take long reports its progress on stderr (trace_dspy.core.console.Progress)."""
     started = time.perf_counter()
-    with heartbeat("prepare") as phase:
-        prep = _prepare(cfg, phase)
-    with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp, _mlflow_context(cfg) as run:
-        tmp = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        with heartbeat("prepare") as phase:
+            prep = _prepare(cfg, phase)
+            phase.note("opening the MLflow run")
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trace-compile-")))
+            run = stack.enter_context(_mlflow_context(cfg))
         evaluated = _optimize_and_evaluate(cfg, prep, tmp, run)
         _log("4/4 saving, logging and registering")
         # The order keeps every crash point consistent: the artifact is complete before MLflow hears of
@@ -153,6 +155,8 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
             folder, manifest = _persist(cfg, prep, evaluated, tmp, run)
             registry_version, promoted = _track(cfg, prep, evaluated, folder, manifest, run, phase) if run \
                 else (None, False)
+            phase.note("closing the MLflow run")
+            stack.close()  # the run ends (its traces flushed) and the temporary folder goes
     return CompileResult(evaluated.before.summary, evaluated.after.summary, folder, manifest.to_dict(),
                          manifest.mlflow.get("run_id"), registry_version, promoted, time.perf_counter() - started)
 
