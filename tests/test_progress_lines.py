@@ -165,7 +165,7 @@ def test_compile_progress_goes_to_stderr_and_stdout_keeps_only_the_result(short_
                                                                          capsys):
     from trace_dspy.cli.compile import main
 
-    lm, _ = fake_lm(slow(echo_reply, 0.005))
+    lm, _ = fake_lm(slow(echo_reply, 0.02))  # each phase outlasts the interval twice over
     offline_workdir(tmp_path, monkeypatch, lm)
     (tmp_path / "fast.toml").write_text(FAST_CONFIG)
     assert main(["--train", "4", "--dev", "3", "--val", "3", "--plan-items", "4", "--threads", "1",
