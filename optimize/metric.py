@@ -51,6 +51,7 @@ from trace_dspy.core.config import ConfigError, from_table
 from trace_dspy.core.console import warn_once
 from trace_dspy.core.dialogue import listener_turns, speaker_turns
 from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
+from trace_dspy.core.pricing import COST_KEY
 from trace_dspy.core.stages import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -133,9 +134,9 @@ SUMMARY_KEYS = (
     "copied_rate", "parrot_rate", "emotion_acc", "group_acc",
     # against the gold replies, then diversity and length of the replies
     "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length",
-    # cost per dialogue
+    # cost per dialogue, and what 1,000 dialogues would cost on a hosted LM (only when prices are given)
     "seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue", "completion_tokens_per_dialogue",
-    "reply_candidates_per_dialogue",
+    COST_KEY, "reply_candidates_per_dialogue",
     # what measured, and the label distributions of the predictions
     "similarity_kind", "empathy_kind", "distributions",
 )
@@ -150,9 +151,9 @@ def summary_keys(*names: str) -> tuple[str, ...]:
 
 
 # Named subsets, each in SUMMARY_KEYS order.
-# Cost per dialogue: wall seconds, LM calls that reached the model, tokens.
+# Cost per dialogue: wall seconds, LM calls that reached the model, tokens; and USD per 1,000 dialogues.
 COST_KEYS = summary_keys("seconds_per_dialogue", "lm_calls_per_dialogue", "prompt_tokens_per_dialogue",
-                         "completion_tokens_per_dialogue")
+                         "completion_tokens_per_dialogue", COST_KEY)
 # Left out of the summary tables (summary.json and the MLflow run have them): detail, text and distributions.
 DETAIL_KEYS = summary_keys("failure_rate", "collapse_reason", "rule_brief", "rule_reuses_detail", "rule_no_advice",
                            "rule_not_parroting", "judge_emotional_reaction", "judge_interpretation",

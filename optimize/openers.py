@@ -36,6 +36,7 @@ from typing import Any
 
 import dspy
 
+from trace_dspy.core.console import progress
 from trace_dspy.core.openers import (
     OPENER_POOL,
     SCAFFOLD_OPENERS,
@@ -102,18 +103,19 @@ def fit_openers(program, trainset: Sequence[dspy.Example], metric, *, pool: dict
     items = replies = failed = 0
     log(f"openers: scoring {sum(len(v) for v in pool.values())} candidate openers on {len(trainset)} "
         "training dialogues")
-    for example in trainset:
-        try:
-            first = base(dialogue=example.dialogue)
-            first_score = float(metric(example, first))
-        except Exception as exc:  # noqa: BLE001 - one dialogue's failure does not stop the fit
-            failed += 1
-            log(f"openers: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
-            continue
-        items += 1
-        tried, lost = _try_openers(base, example, first, first_score, metric, fields, pool, scored, log)
-        replies += 1 + tried
-        failed += lost
+    with progress(desc="openers", total=len(trainset), unit="dialogues") as phase:
+        for example in phase.track(trainset):
+            try:
+                first = base(dialogue=example.dialogue)
+                first_score = float(metric(example, first))
+            except Exception as exc:  # noqa: BLE001 - one dialogue's failure does not stop the fit
+                failed += 1
+                log(f"openers: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
+                continue
+            items += 1
+            tried, lost = _try_openers(base, example, first, first_score, metric, fields, pool, scored, log)
+            replies += 1 + tried
+            failed += lost
     seconds = time.perf_counter() - started
     if items < MIN_ITEMS:
         log(f"openers: only {items} training dialogues could be scored (at least {MIN_ITEMS} needed); "

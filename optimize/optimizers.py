@@ -14,6 +14,7 @@ from typing import Any
 import dspy
 
 from trace_dspy.core.config import ConfigError, from_table
+from trace_dspy.core.console import Progress, counting_dspy_calls, heartbeat, progress
 from trace_dspy.core.extras import install_hint
 
 OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
@@ -187,6 +188,14 @@ COMPILERS: dict[str, Compiler] = {
 }
 
 
+def optimizer_progress(cfg: OptimizerConfig) -> Progress:
+    """The optimizer's phase: DSPy's loops report through it (counting_dspy_calls). ``select`` scores a
+    known number of candidates (each a ``dspy.Evaluate``); the others' loops are counted in LM calls."""
+    if cfg.name == "select":
+        return progress(desc="optimizer select", total=3 + cfg.select_candidates, unit="candidates scored")
+    return heartbeat(f"optimizer {cfg.name}")
+
+
 def _scaffolded(program) -> bool:
     """Does the program write scaffolded replies with the LM in effect (the reply stage's, else dspy's)?"""
     if not hasattr(program, "reply_format") or not hasattr(program, "reply_openers"):
@@ -232,7 +241,8 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
         if plan_fit is not None and plan_fit.plans:
             program = program.deepcopy()
             program.reply_plans = plan_fit.plans
-    compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
+    with optimizer_progress(cfg) as phase, counting_dspy_calls(phase):
+        compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
     if fit is not None:  # an optimizer that rebuilds the program must not lose them
         compiled.reply_openers = fit.openers
         compiled.opener_fit = fit.record()

@@ -32,6 +32,7 @@ from typing import Any
 
 import dspy
 
+from trace_dspy.core.console import progress
 from trace_dspy.core.labels import check_plans
 
 # Every pair of distinct mechanisms with a question last, and each mechanism alone (two sentences of it).
@@ -93,22 +94,23 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
     table: list[dict[Any, tuple[float, float]]] = []
     replies = candidates = failed = 0
     log(f"plans: writing replies for {len(options)} plans on {len(trainset)} training dialogues")
-    for example in trainset:
-        try:
-            first = base(dialogue=example.dialogue)
-            inputs = {name: first.get(name, "") for name in fields}
-            rewards = first.get("reply_rewards") or [base.reply_reward(inputs, first)]
-            own = _plan_of(first)
-            trials = {"lm": (float(max(rewards)), float(metric(example, first)))}
-        except Exception as exc:  # noqa: BLE001 - one dialogue's failure does not stop the fit
-            failed += 1
-            log(f"plans: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
-            continue
-        written, tried, lost = _try_plans(base, example, first, inputs, options, own, metric, trials, log)
-        replies += 1 + written
-        candidates += len(rewards) + tried
-        failed += lost
-        table.append(trials)
+    with progress(desc="plans", total=len(trainset), unit="dialogues") as phase:
+        for example in phase.track(trainset):
+            try:
+                first = base(dialogue=example.dialogue)
+                inputs = {name: first.get(name, "") for name in fields}
+                rewards = first.get("reply_rewards") or [base.reply_reward(inputs, first)]
+                own = _plan_of(first)
+                trials = {"lm": (float(max(rewards)), float(metric(example, first)))}
+            except Exception as exc:  # noqa: BLE001 - one dialogue's failure does not stop the fit
+                failed += 1
+                log(f"plans: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
+                continue
+            written, tried, lost = _try_plans(base, example, first, inputs, options, own, metric, trials, log)
+            replies += 1 + written
+            candidates += len(rewards) + tried
+            failed += lost
+            table.append(trials)
     seconds = time.perf_counter() - started
     if len(table) < MIN_ITEMS:
         log(f"plans: only {len(table)} training dialogues could be scored (at least {MIN_ITEMS} needed); "

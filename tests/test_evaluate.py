@@ -24,6 +24,7 @@ from trace_dspy import TraceProgram
 from trace_dspy.bench import suite
 from trace_dspy.cli.evaluate import main
 from trace_dspy.core.config import ProgramConfig
+from trace_dspy.core.pricing import Pricing
 from trace_dspy.store import inspection
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.evaluation import (
@@ -118,13 +119,13 @@ def test_every_key_list_is_drawn_from_the_summary_keys():
 
 
 def test_a_real_summary_has_exactly_the_summary_keys():
-    # A judge and Best-of-N, so that the keys only they bring are there too.
+    # A judge, Best-of-N and prices, so that the keys only they bring are there too.
     lm, _ = fake_lm(reply_for)
     judge_lm, _ = fake_lm(emotional_reaction="strong", interpretation="weak", exploration="none",
                           relevance="good", fluency="good", justification="Warm.")
     scorer = EmpathyMetric(MetricConfig(judge=0.2), judge=EmpathyJudge(judge_lm), embedder=None)
     program = TraceProgram(ProgramConfig(best_of=2, best_of_threshold=1.0))
-    result = evaluate_program(program, examples(2), scorer, lm=lm)
+    result = evaluate_program(program, examples(2), scorer, lm=lm, pricing=Pricing())
     assert sorted(result.summary) == sorted(SUMMARY_KEYS)
     # The bench pairs the same measures per example (an accuracy as whether the label was right).
     assert set(suite.per_example(result.rows[0])) == set(suite.PAIRED_METRICS)

@@ -12,6 +12,7 @@ import dspy
 
 from trace_dspy.bench.records import BENCH_EXPERIMENT
 from trace_dspy.bench.systems import System
+from trace_dspy.core.pricing import COST_KEY, DIALOGUES, Pricing
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.optimize.metric import COST_KEYS, DETAIL_KEYS, PAIRED_KEYS, SUMMARY_KEYS
 
@@ -21,6 +22,8 @@ _PER_EXAMPLE = {"emotion_acc": "emotion_correct", "group_acc": "group_correct"}
 PAIRED_METRICS = tuple(_PER_EXAMPLE.get(k, k) for k in PAIRED_KEYS)
 # The scores table; the cost table shows COST_KEYS.
 SCORE_KEYS = tuple(k for k in SUMMARY_KEYS if k not in DETAIL_KEYS and k not in COST_KEYS)
+# The single-call baseline that hosted-LM costs are set beside, when a bench compares it.
+SINGLE_CALL = "single_cot"
 
 
 def per_example(row: dict[str, Any]) -> dict[str, float]:
@@ -62,16 +65,30 @@ class QualityReport:
     score_ci: dict[str, tuple[float, float, float]]  # system -> empathy (mean, low, high)
     compile: dict[str, dict[str, Any]]
     run: dict[str, Any] = field(default_factory=dict)
+    pricing: Pricing | None = None  # the prices behind each summary's cost per 1,000 dialogues
 
     @property
     def baseline(self) -> str:
         return self.systems[0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "systems": self.systems, "baseline": self.baseline, "descriptions": self.descriptions,
-                "summaries": {k: {m: v for m, v in s.items() if m != "distributions"} for k, s in self.summaries.items()},
-                "paired_vs_baseline": {k: {m: list(v) for m, v in d.items()} for k, d in self.paired.items()},
-                "empathy_ci": {k: list(v) for k, v in self.score_ci.items()}, "compile": self.compile}
+        summaries = {k: {m: v for m, v in s.items() if m != "distributions"} for k, s in self.summaries.items()}
+        out = {"run": self.run, "systems": self.systems, "baseline": self.baseline, "descriptions": self.descriptions,
+               "summaries": summaries,
+               "paired_vs_baseline": {k: {m: list(v) for m, v in d.items()} for k, d in self.paired.items()},
+               "empathy_ci": {k: list(v) for k, v in self.score_ci.items()}, "compile": self.compile}
+        if self.pricing is not None:
+            out["hosted_cost"] = {"pricing": self.pricing.to_dict(),
+                                  COST_KEY: {n: self.summaries[n].get(COST_KEY) for n in self.systems},
+                                  **({f"times_{SINGLE_CALL}": self.times_single_call()}
+                                     if SINGLE_CALL in self.systems else {})}
+        return out
+
+    def times_single_call(self) -> dict[str, float | None]:
+        """Each system's hosted cost as a multiple of the single-call baseline's (None where either is unknown)."""
+        base = self.summaries[SINGLE_CALL].get(COST_KEY)
+        costs = {n: self.summaries[n].get(COST_KEY) for n in self.systems}
+        return {n: c / base if c is not None and base else None for n, c in costs.items()}
 
     def markdown(self) -> str:
         def cell(value):
@@ -85,14 +102,21 @@ class QualityReport:
         paired = markdown_table(["metric", *others], [
             [metric, *("{:+.4f} [{:+.4f}, {:+.4f}]".format(*self.paired[n][metric]) for n in others)]
             for metric in PAIRED_METRICS])
-        cost = markdown_table(["metric", *names], [
-            [k.replace("_per_dialogue", ""), *(cell(self.summaries[n].get(k)) for n in names)] for k in COST_KEYS])
+        cost_rows = [[k.replace("_per_dialogue", ""), *(cell(self.summaries[n].get(k)) for n in names)]
+                     for k in COST_KEYS if any(k in self.summaries[n] for n in names)]
+        if self.pricing is not None and SINGLE_CALL in names:
+            times = self.times_single_call()
+            cost_rows.append([f"cost vs {SINGLE_CALL}",
+                              *("-" if times[n] is None else f"{times[n]:.2f}x" for n in names)])
+        cost = markdown_table(["metric", *names], cost_rows)
+        priced = (f"; {COST_KEY} in USD for {DIALOGUES:,} dialogues at {self.pricing.describe()}"
+                  if self.pricing is not None else "")
         compiled = [f"- `{n}`: compiled in {c['seconds']:.0f} s with {c['lm_calls']} LM calls"
                     for n, c in self.compile.items()]
         systems = [f"- `{n}`: {self.descriptions[n]}" for n in names]
         parts = ["Systems:", *systems, "", "Scores (per system):", "", scores, "",
                  f"Paired difference against `{self.baseline}`, mean [95% bootstrap CI]:", "", paired, "",
-                 "Cost per dialogue (LM calls that reached the model, tokens, wall seconds):", "", cost]
+                 f"Cost per dialogue (LM calls that reached the model, tokens, wall seconds){priced}:", "", cost]
         if compiled:
             parts += ["", "Compile cost:", "", *compiled]
         return "\n".join(parts)
@@ -116,8 +140,9 @@ def program_fingerprint(program) -> str | None:
 
 def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], metric, *, lm=None, threads: int = 1,
                 rows_dir: str | Path | None = None, max_failure_rate: float | None = 0.5, seed: int = 0,
-                run: dict[str, Any] | None = None) -> QualityReport:
-    """Evaluate every system on the same examples; intervals are against ``systems[0]``."""
+                run: dict[str, Any] | None = None, pricing: Pricing | None = None) -> QualityReport:
+    """Evaluate every system on the same examples; intervals are against ``systems[0]``; with ``pricing``,
+    each summary says what 1,000 dialogues would cost on a hosted LM."""
     from trace_dspy.optimize.scorers import paired_bootstrap_ci
     from trace_dspy.workflows.evaluation import evaluate_program
 
@@ -137,7 +162,7 @@ def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], met
             evaluated[key] = system.name
         path = Path(rows_dir) / f"{system.name.replace(':', '_').replace('/', '_')}.jsonl" if rows_dir else None
         result = evaluate_program(system.program, examples, metric, lm=lm, threads=threads, results_path=path,
-                                  max_failure_rate=max_failure_rate, desc=system.name)
+                                  max_failure_rate=max_failure_rate, desc=system.name, pricing=pricing)
         summaries[system.name] = result.summary
         values[system.name] = [per_example(r) for r in result.rows]
     base = systems[0].name
@@ -152,7 +177,7 @@ def run_quality(systems: Sequence[System], examples: Sequence[dspy.Example], met
     compile_costs = {s.name: {"seconds": s.compile_seconds, "lm_calls": s.compile_lm_calls}
                      for s in systems if s.compile_seconds is not None}
     return QualityReport([s.name for s in systems], {s.name: s.description for s in systems}, summaries, paired,
-                         score_ci, compile_costs, dict(run or {}))
+                         score_ci, compile_costs, dict(run or {}), pricing)
 
 
 def quality_charts(report: QualityReport, out_dir: str | Path) -> list[Path]:
@@ -203,7 +228,8 @@ def log_quality_to_mlflow(report: QualityReport, files: Sequence[Path], *, track
 
     with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name="bench quality",
                     tags={"trace_dspy.kind": "bench-quality"}) as parent:
-        log_params({**(params or {}), "systems": ",".join(report.systems), "baseline": report.baseline})
+        log_params({**(params or {}), "systems": ",".join(report.systems), "baseline": report.baseline,
+                    **({"pricing": report.pricing.to_dict()} if report.pricing is not None else {})})
         for name in report.systems:
             with mlflow_run(tracking_uri=tracking_uri, experiment=experiment, run_name=name, nested=True,
                             tags={"trace_dspy.kind": "bench-system", "trace_dspy.system": name}):

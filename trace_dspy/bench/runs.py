@@ -20,8 +20,9 @@ from trace_dspy.bench.emotion import emotion_markdown, measure_emotion
 from trace_dspy.bench.overhead import measure_overhead, overhead_markdown
 from trace_dspy.bench.records import BENCH_EXPERIMENT, flat_numbers, machine
 from trace_dspy.bench.scorer import measure_scorer, scorer_markdown
-from trace_dspy.core.console import progress
+from trace_dspy.core.console import heartbeat, progress
 from trace_dspy.core.jsonl import atomic_write_json
+from trace_dspy.core.pricing import DEFAULT_INPUT_PRICE, DEFAULT_OUTPUT_PRICE, Pricing
 from trace_dspy.workflows.settings import Settings
 
 DEFAULT_OUTPUT = Path("runs/bench")
@@ -175,8 +176,11 @@ def run_compile_bench(where: Where, *, optimizer: str | None, train: int, dev: i
 
 def run_quality_bench(where: Where, *, limit: int, view: str, systems: Sequence[str], optimizers: Sequence[str],
                       artifact: Sequence[str], train: int, dev: int, threads: int, max_failure_rate: float | None,
-                      fresh: bool) -> BenchRun:
-    """The quality bench: the systems on one seeded test subset, its record, charts and MLflow runs."""
+                      fresh: bool, price_input: float = DEFAULT_INPUT_PRICE,
+                      price_output: float = DEFAULT_OUTPUT_PRICE) -> BenchRun:
+    """The quality bench: the systems on one seeded test subset, its record, charts and MLflow runs; each
+    system's cost per 1,000 dialogues on a hosted LM at ``price_input`` and ``price_output`` (USD per million
+    input and output tokens)."""
     from trace_dspy.bench.quality import (
         log_quality_to_mlflow,
         quality_charts,
@@ -186,6 +190,7 @@ def run_quality_bench(where: Where, *, limit: int, view: str, systems: Sequence[
     from trace_dspy.optimize.optimizers import OPTIMIZERS
     from trace_dspy.store.tracking import logged_or_warned
 
+    pricing = Pricing(price_input, price_output)  # a bad price stops the bench before any work
     unknown = [s for s in systems if s not in BASE_SYSTEMS] + [o for o in optimizers if o not in OPTIMIZERS]
     if unknown:
         raise ValueError(f"unknown system or optimizer: {', '.join(unknown)}; systems: {', '.join(BASE_SYSTEMS)}; "
@@ -203,12 +208,14 @@ def run_quality_bench(where: Where, *, limit: int, view: str, systems: Sequence[
                              metric=setup["metric"], optimizer_settings=where.settings.raw.get("optimizer"),
                              log=lambda m: print(m, file=sys.stderr), prior=setup["prior"])
     report = run_quality(compared, examples, setup["metric"], lm=setup["lms"].default, threads=threads,
-                         rows_dir=rows_dir, max_failure_rate=max_failure_rate, seed=where.seed, run=setup["run"])
+                         rows_dir=rows_dir, max_failure_rate=max_failure_rate, seed=where.seed, run=setup["run"],
+                         pricing=pricing)
     run = BenchRun("quality", report.to_dict(), report.markdown())
     run.charts = quality_charts(report, where.out_dir)
     run.out_dir = save_run(where, run, log=False)
     if where.mlflow:
-        with logged_or_warned(run.out_dir):
+        with logged_or_warned(run.out_dir), heartbeat("mlflow") as phase:
+            phase.note("logging the bench runs")
             run.mlflow_run_id = log_quality_to_mlflow(
                 report, [*run.charts, run.out_dir / "quality.md", run.out_dir / "quality.json"],
                 tracking_uri=where.tracking_uri, experiment=where.experiment, params=setup["run"])

@@ -21,7 +21,9 @@ on one seeded EmpatheticDialogues test subset and one LM:
 
 Each system gets the evaluation suite, paired-bootstrap 95% intervals of its
 per-example differences against the first system, and its cost per dialogue
-(LM calls, prompt and completion tokens, seconds). The runs are
+(LM calls, prompt and completion tokens, seconds), with what 1,000 dialogues
+would cost on a hosted LM at ``--price-input`` and ``--price-output`` (USD per
+million tokens), beside the single call's. The runs are
 :mod:`trace_dspy.bench.runs`; the measurements are the library API in
 :mod:`trace_dspy.bench.suite` (``run_quality``, ``measure_overhead``,
 ``measure_concurrency``, ``measure_compile``).
@@ -39,6 +41,7 @@ from trace_dspy.bench.systems import BASE_SYSTEMS
 from trace_dspy.cli.common import (
     add_data_args,
     add_model_args,
+    add_pricing_args,
     add_situations_arg,
     add_tracking_args,
     fail,
@@ -109,6 +112,7 @@ def _quality_args(p: argparse.ArgumentParser) -> None:
                    help="evaluation threads (default 1, so that seconds per dialogue are not shared)")
     p.add_argument("--max-failure-rate", type=failure_rate, default=0.5)
     p.add_argument("--fresh", action="store_true", help="ignore rows of an earlier run")
+    add_pricing_args(p)
 
 
 def _overhead_args(p: argparse.ArgumentParser) -> None:
@@ -163,7 +167,7 @@ OWN_ARGS = {"quality": _quality_args, "overhead": _overhead_args, "concurrency":
             "compile": _compile_args}
 OPTIONS = {
     "quality": ("limit", "view", "systems", "optimizers", "artifact", "train", "dev", "threads", "max_failure_rate",
-                "fresh"),
+                "fresh", "price_input", "price_output"),
     "overhead": ("dialogues", "warmup", "clock", "trace"),
     "concurrency": ("levels", "latency", "per_thread"),
     "emotion": ("limit", "k", "prior", "situations"),

@@ -183,6 +183,36 @@ def failure_rate(text: str) -> float:
     return value
 
 
+def price(text: str) -> float:
+    """argparse type for --price-input and --price-output: USD per million tokens, a finite number >= 0."""
+    from trace_dspy.core.pricing import PriceError, check_price
+
+    try:
+        return check_price(text, "the price")
+    except PriceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_pricing_args(parser: argparse.ArgumentParser) -> None:
+    """--price-input and --price-output: what 1,000 dialogues would cost on a hosted LM at these prices."""
+    from trace_dspy.core.pricing import DEFAULT_INPUT_PRICE, DEFAULT_OUTPUT_PRICE
+
+    group = parser.add_argument_group(
+        "cost on a hosted LM", "the cost per 1,000 dialogues of the tokens the run used, at these prices (the "
+        "record states them; the defaults are an example price of a small hosted model)")
+    group.add_argument("--price-input", type=price, default=DEFAULT_INPUT_PRICE, metavar="USD",
+                       help=f"USD per million input (prompt) tokens (default {DEFAULT_INPUT_PRICE})")
+    group.add_argument("--price-output", type=price, default=DEFAULT_OUTPUT_PRICE, metavar="USD",
+                       help=f"USD per million output (completion) tokens (default {DEFAULT_OUTPUT_PRICE})")
+
+
+def pricing_from_args(args: argparse.Namespace):
+    """The Pricing of --price-input and --price-output."""
+    from trace_dspy.core.pricing import Pricing
+
+    return Pricing(args.price_input, args.price_output)
+
+
 def output_dir(text: str) -> Path:
     """argparse type for --output-dir: a folder, or a path where one can be made."""
     path = Path(text)

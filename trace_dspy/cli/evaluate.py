@@ -23,14 +23,17 @@ import dspy
 from trace_dspy.cli.common import (
     add_data_args,
     add_model_args,
+    add_pricing_args,
     add_tracking_args,
     command_line,
     fail,
     failure_rate,
     output_dir,
+    pricing_from_args,
     settings_from_args,
     setup_logging,
 )
+from trace_dspy.core.pricing import COST_KEY, DIALOGUES
 from trace_dspy.core.config import ConfigError
 from trace_dspy.data.sources import DataError, load_splits, load_test, resolve_source
 from trace_dspy.workflows.ablation import run_ablation
@@ -83,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_args(parser)
     add_model_args(parser)
     add_tracking_args(parser)
+    add_pricing_args(parser)
     return parser
 
 
@@ -96,7 +100,7 @@ def run_options(args, argv: list[str], *, trace: bool = False) -> RunOptions:
     return RunOptions(split=args.split, seed=args.seed, threads=args.threads, max_failure_rate=args.max_failure_rate,
                       fresh=args.fresh, trace=trace, command=command_line("evaluate", argv),
                       output_dir=args.output_dir, mlflow=not args.no_mlflow, tracking_uri=args.tracking_uri,
-                      experiment=args.experiment)
+                      experiment=args.experiment, pricing=pricing_from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         trace = not (args.no_mlflow or args.no_trace) and tracing_or_off(args.tracking_uri, args.experiment)
         base = {"split": args.split, "view": args.view if args.split == "test" else "longest", "limit": len(examples),
                 "seed": args.seed, "data": source.fingerprint, "config": settings.to_dict()}
-        done = evaluate_programs(loaded, metrics, source, examples, base, run_options(args, argv, trace=trace),
-                                 on_done=_print_one)
+        options = run_options(args, argv, trace=trace)
+        done = evaluate_programs(loaded, metrics, source, examples, base, options,
+                                 on_done=lambda one: _print_one(one, options.pricing))
     except ConfigError as exc:
         return fail(str(exc))
     except FailureRateExceeded as exc:
@@ -157,8 +162,11 @@ def _load(args, programs: list[str]):
     return settings, source, examples, loaded, metrics
 
 
-def _print_one(done: Evaluated) -> None:
+def _print_one(done: Evaluated, pricing=None) -> None:
     print(format_table({done.ref: done.summary}, [k for k in TABLE_KEYS if k in done.summary]))
+    if pricing is not None and done.summary.get(COST_KEY) is not None:
+        print(f"cost on a hosted LM: USD {done.summary[COST_KEY]:.4f} per {DIALOGUES:,} dialogues at "
+              f"{pricing.describe()} (the LM calls that reached the model)")
     print(f"similarity: {done.similarity_kind}; rows: {done.rows_path}; summary: {done.out_dir / 'summary.json'}")
     if done.mlflow_run:
         print(f"mlflow evaluation run {done.mlflow_run[1]}")

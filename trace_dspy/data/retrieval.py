@@ -305,7 +305,11 @@ def cached_index(examples: Sequence[Any], config: RetrievalConfig, data_fingerpr
             return ExemplarIndex.load(folder)
         except ConfigError:
             pass  # damaged cache entry: rebuild it
-    index = ExemplarIndex.build(examples, config)
+    from trace_dspy.core.console import heartbeat
+
+    with heartbeat("retrieval index") as phase:
+        phase.note(f"indexing {len(examples)} exemplars")
+        index = ExemplarIndex.build(examples, config)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     index.save(tmp)
     try:

@@ -354,7 +354,7 @@ def respond_batch(
     input_path = Path(input_path)
 
     def answer_all(plan: ResumePlan, write) -> None:
-        with progress(total=len(plan.todo), desc="respond") as bar:
+        with progress(total=len(plan.todo), desc="respond", unit="dialogues") as bar:
             if threads <= 1:
                 for item in plan.todo:
                     write(_answer(program, lm, plan, input_path, item))

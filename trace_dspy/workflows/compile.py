@@ -15,6 +15,7 @@ import dspy
 from dspy.utils.exceptions import DSPyError
 
 from trace_dspy.core.config import DataConfig
+from trace_dspy.core.console import Progress, heartbeat, say
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.metric import DELTA_KEYS
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
@@ -95,7 +96,7 @@ class CompileFailed(RuntimeError):
 
 
 def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    say(message, sys.stderr)
 
 
 @dataclass
@@ -134,23 +135,33 @@ class _Evaluated:
 
 
 def run_compile(cfg: CompileConfig) -> CompileResult:
-    """Compile in four phases: prepare, optimize and evaluate, persist, track (see each ``_phase``)."""
+    """Compile in four phases: prepare, optimize and evaluate, persist, track (see each ``_phase``).
+
+    Every phase that can take long reports its progress on stderr (trace_dspy.core.console.Progress)."""
     started = time.perf_counter()
-    prep = _prepare(cfg)
-    with tempfile.TemporaryDirectory(prefix="trace-compile-") as tmp, _mlflow_context(cfg) as run:
-        tmp = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        with heartbeat("prepare") as phase:
+            prep = _prepare(cfg, phase)
+            phase.note("opening the MLflow run")
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trace-compile-")))
+            run = stack.enter_context(_mlflow_context(cfg))
         evaluated = _optimize_and_evaluate(cfg, prep, tmp, run)
         _log("4/4 saving, logging and registering")
         # The order keeps every crash point consistent: the artifact is complete before MLflow hears of
         # it, the run holds its files before a registry version points at them, and only a registered
         # version can become champion. (tests/test_compile_order.py kills the command between the steps.)
-        folder, manifest = _persist(cfg, prep, evaluated, tmp, run)
-        registry_version, promoted = _track(cfg, prep, evaluated, folder, manifest, run) if run else (None, False)
+        with heartbeat("saving and logging") as phase:
+            phase.note("saving the artifact")
+            folder, manifest = _persist(cfg, prep, evaluated, tmp, run)
+            registry_version, promoted = _track(cfg, prep, evaluated, folder, manifest, run, phase) if run \
+                else (None, False)
+            phase.note("closing the MLflow run")
+            stack.close()  # the run ends (its traces flushed) and the temporary folder goes
     return CompileResult(evaluated.before.summary, evaluated.after.summary, folder, manifest.to_dict(),
                          manifest.mlflow.get("run_id"), registry_version, promoted, time.perf_counter() - started)
 
 
-def _prepare(cfg: CompileConfig) -> _Prepared:
+def _prepare(cfg: CompileConfig, phase: Progress) -> _Prepared:
     """Split the data once (the train sample, the selection set, the dev sample and the exemplar pool all come
     from it, and the prior is fitted on the same partition), fit the parts, build the program and the metric."""
     from trace_dspy.data.retrieval import cached_index
@@ -160,6 +171,7 @@ def _prepare(cfg: CompileConfig) -> _Prepared:
     from trace_dspy.program.pipeline import TraceProgram
     from trace_dspy.workflows.prior import DEV_FRACTION
 
+    phase.note("reading the data")
     situations = resolve_situations(cfg.situations)  # a bad file stops the compile before any work
     full = load_splits(cfg.data, seed=cfg.seed, dev_fraction=DEV_FRACTION)
     rng = random.Random(cfg.seed)  # the train sample, then the dev sample (as load_splits draws them)
@@ -171,9 +183,12 @@ def _prepare(cfg: CompileConfig) -> _Prepared:
     lms = LMSet(cfg.settings.lm)
     retrieval = cfg.settings.program.retrieval
     # Exemplars come from the whole training partition (never dev), not just the sampled train set.
+    phase.note("the retrieval index")
     retriever = cached_index(full.train, retrieval, source.fingerprint) if retrieval.enabled else None
+    phase.note("the emotion prior")
     prior, prior_record = _fit_prior(cfg, source, situations)
     parts = FittedParts({"retrieval": retriever, "emotion_prior": prior}, {"emotion_prior": prior_record})
+    phase.note("the program and the metric")
     program = TraceProgram(cfg.settings.program, stage_lms=lms.stage_lms(), parts=parts)
     metric = build_metric(cfg.settings, lms)
     # Training replies are what demos show the model: a dev reply that copies one scores 0.
@@ -250,9 +265,12 @@ def _compare_with_champion(cfg: CompileConfig, prep: _Prepared, score: float, tm
     _log(f"champion: version {current['version']} was scored on other dev items or under another metric; "
          "scoring it on this compile's dev set")
     try:
-        loaded = load_for_run(f"models:/{cfg.registered_model}/{current['version']}",
-                              Settings(lm=cfg.settings.lm, lm_explicit=True), tracking_uri=cfg.tracking_uri)
-        theirs = _evaluate(cfg, prep, loaded.program, tmp / "dev_champion.jsonl", "dev champion", trace=False)
+        with heartbeat("champion") as phase:
+            phase.note(f"loading version {current['version']}")
+            loaded = load_for_run(f"models:/{cfg.registered_model}/{current['version']}",
+                                  Settings(lm=cfg.settings.lm, lm_explicit=True), tracking_uri=cfg.tracking_uri)
+            phase.note(f"scoring version {current['version']}")
+            theirs = _evaluate(cfg, prep, loaded.program, tmp / "dev_champion.jsonl", "dev champion", trace=False)
     except (ArtifactError, FailureRateExceeded) as exc:
         _log(f"WARNING: the champion could not be scored here ({exc}); a program that runs replaces it")
         return {**record, "score": None, "error": str(exc)[:500]}
@@ -292,16 +310,19 @@ def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run
                                     extra_files=extra_files)
 
 
-def _track(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, folder: Path, manifest: Manifest, run):
+def _track(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, folder: Path, manifest: Manifest, run,
+           phase: Progress):
     """Log the run, register a version, log the evaluations and prompts, and promote: (version, promoted)."""
     from trace_dspy.store import registry, tracking
 
     label = manifest.label
+    phase.note("logging the MLflow run")
     # A store another process keeps locked: one bounded wait, then an error that names the saved version.
     tracking.wait_for_store(cfg.tracking_uri, saved=f"the artifact {label} is saved in {folder}")
     tracking.set_tags({"trace_dspy.artifact": label,
                        "trace_dspy.collapsed": str(bool(ev.after.summary.get("collapsed")))})
     model_info = _log_run(cfg, folder, ev.before.summary, ev.after.summary)
+    phase.note("registering the model")
     version = registry.register_version(run.info.run_id, run.info.artifact_uri, ev.after.score,
                                         model=cfg.registered_model, tracking_uri=cfg.tracking_uri,
                                         tags={"artifact_name": cfg.name, "artifact_version": str(manifest.version),
@@ -311,7 +332,9 @@ def _track(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, folder: Path, ma
     # The dev evaluations as MLflow evaluation runs, and the compiled instructions as prompts
     # (a failure here is reported, and the compile's result stands).
     if cfg.trace:
+        phase.note("logging the dev evaluation runs")
         _log_evaluation_runs(cfg, prep.source, ev.before.rows, ev.after.rows, model_info.model_id)
+    phase.note("registering the prompts")
     _register_prompts(cfg, ev.compiled, manifest.version)
     # Promote only if it is not worse than the uncompiled program (nor collapsed) and beats the champion
     # on the same dev items under the same metric.

@@ -141,7 +141,7 @@ def recognize_all(program, items: Sequence[dspy.Example], *, lm=None, rows_path:
     writer = AppendWriter(rows_path)
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
     try:
-        with progress(total=len(todo), desc=desc) as bar:
+        with progress(total=len(todo), desc=desc, unit="items") as bar:
             work = with_dspy_context(task)
             for future in as_completed([pool.submit(work, e) for e in todo]):
                 row = future.result()

@@ -24,6 +24,7 @@ from trace_dspy.core import spans
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import progress, with_dspy_context
 from trace_dspy.core.jsonl import AppendWriter, read_records
+from trace_dspy.core.pricing import COST_KEY, Pricing
 from trace_dspy.core.safety import redact
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.lm.specs import fresh_calls, use_lm
@@ -154,13 +155,15 @@ def evaluate_program(
     desc: str = "evaluate",
     reference_dist2: float | None = None,
     trace: bool = False,
+    pricing: Pricing | None = None,
 ) -> EvalResult:
     """Evaluate ``program`` on ``examples``; resumes from ``results_path`` if it exists.
 
     ``reference_dist2`` (the Dist-2 of the program this one would replace) arms
     the collapse check's Dist-2 test. ``trace`` records one MLflow trace per
     dialogue (stage spans and LM calls) in the active experiment; each row keeps
-    its ``trace_id``.
+    its ``trace_id``. With ``pricing`` the summary says what 1,000 dialogues
+    would cost at those prices (``cost_per_1000_dialogues``).
     """
     ids = [e.get("sample_id") or e.dialogue for e in examples]
     if len(set(ids)) != len(ids):
@@ -176,7 +179,7 @@ def evaluate_program(
     writer = AppendWriter(results_path) if results_path is not None else None
     callbacks = [*(dspy.settings.config.get("callbacks") or []), spans.lm_span_callback()] if trace else None
     try:
-        with progress(total=len(todo), desc=desc) as bar, record_traces(trace), \
+        with progress(total=len(todo), desc=desc, unit="dialogues") as bar, record_traces(trace), \
                 (dspy.context(callbacks=callbacks) if trace else nullcontext()), \
                 ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
             _collect(pool, with_dspy_context(task), todo, rows, writer=writer, bar=bar, done_count=len(done),
@@ -189,7 +192,7 @@ def evaluate_program(
     failed = [r["error"] for r in ordered if "error" in r]
     if max_failure_rate is not None and ordered and len(failed) / len(ordered) > max_failure_rate:
         raise _too_many_failures(len(failed), len(ordered), max_failure_rate, failed[0], results_path)
-    summary = summarize(ordered, reference_dist2=reference_dist2, metric_config=metric.config)
+    summary = summarize(ordered, reference_dist2=reference_dist2, metric_config=metric.config, pricing=pricing)
     return EvalResult(summary, ordered, Path(results_path) if results_path else None)
 
 
@@ -239,11 +242,13 @@ def _collect(pool, work, todo: list, rows: dict[str, dict], *, writer, bar, done
 
 
 def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None = None,
-              metric_config=None) -> dict[str, Any]:
+              metric_config=None, pricing: Pricing | None = None) -> dict[str, Any]:
     """Corpus-level numbers from per-example rows (failed rows score 0).
 
     ``collapsed`` flags replies that collapsed (few distinct ones, or Dist-2
     at half of ``reference_dist2`` or below; see optimize.metric.collapse_check).
+    With ``pricing``, the USD that 1,000 dialogues would cost at its prices, from
+    the tokens per dialogue (the rows of all dialogues, failed ones included).
     """
     if not rows:
         raise ValueError("no rows to summarise")
@@ -258,11 +263,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         "failure_rate": (len(rows) - len(ok)) / len(rows),
         "empathy": sum(r.get("score", 0.0) for r in rows) / len(rows),
     }
-    timed = [r for r in rows if "seconds" in r]
-    if timed:  # rows written before costs were recorded have none
-        summary["seconds_per_dialogue"] = sum(r["seconds"] for r in timed) / len(timed)
-        for key in ("lm_calls", "prompt_tokens", "completion_tokens"):
-            summary[f"{key}_per_dialogue"] = sum(r.get(key, 0) for r in timed) / len(timed)
+    summary.update(_cost_numbers(rows, pricing))
     candidates = [len(p["reply_rewards"]) for p in preds if isinstance(p.get("reply_rewards"), list)]
     if candidates:  # Best-of-N: how many replies were written per dialogue
         summary["reply_candidates_per_dialogue"] = sum(candidates) / len(candidates)
@@ -298,6 +299,20 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         for name in ("emotion_group", "strategy", "cause_category")
     }
     return summary
+
+
+def _cost_numbers(rows: Sequence[dict[str, Any]], pricing: Pricing | None) -> dict[str, float]:
+    """Seconds, LM calls and tokens per dialogue, and with ``pricing`` the USD per 1,000 dialogues; nothing
+    for rows written before costs were recorded."""
+    timed = [r for r in rows if "seconds" in r]
+    if not timed:
+        return {}
+    out = {"seconds_per_dialogue": sum(r["seconds"] for r in timed) / len(timed)}
+    for key in ("lm_calls", "prompt_tokens", "completion_tokens"):
+        out[f"{key}_per_dialogue"] = sum(r.get(key, 0) for r in timed) / len(timed)
+    if pricing is not None:
+        out[COST_KEY] = pricing.per_dialogues(out)
+    return out
 
 
 def _reply_numbers(ok: Sequence[dict[str, Any]], ok_replies: list[str]) -> dict[str, Any]:

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core.console import heartbeat
 from trace_dspy.core.jsonl import atomic_write_json
+from trace_dspy.core.pricing import Pricing
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.workflows.evaluation import (
     EvalResult,
@@ -52,6 +54,8 @@ class RunOptions:
     mlflow: bool = True
     tracking_uri: str | None = None
     experiment: str = "trace-dspy"
+    # Prices for the cost per 1,000 dialogues in each summary (None: no cost); the record states them.
+    pricing: Pricing | None = None
 
 
 @dataclass
@@ -140,15 +144,20 @@ def evaluate_one(ref: str, loaded, metric, source, examples: Sequence, parts: di
     try:
         result = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default, threads=options.threads,
                                   results_path=rows_path, max_failure_rate=options.max_failure_rate,
-                                  trace=options.trace, desc=ref if len(ref) <= 30 else "evaluate")
+                                  trace=options.trace, desc=ref if len(ref) <= 30 else "evaluate",
+                                  pricing=options.pricing)
     except KeyboardInterrupt:
         raise EvaluationInterrupted(rows_path) from None
     summary = {**result.summary, "similarity_kind": metric.similarity_kind}
     record = {"command": options.command, "run": parts, "summary": summary,
               "data": source.describe(), "program": loaded.describe()}
+    if options.pricing is not None:
+        record["pricing"] = options.pricing.to_dict()
     evaluated = Evaluated(ref, result, summary, metric.similarity_kind, out_dir)
     if options.mlflow:
-        evaluated.mlflow_run = _log_run(evaluated, record, loaded, metric, source, parts, options)
+        with heartbeat("mlflow") as phase:
+            phase.note("logging the evaluation run and its traces")
+            evaluated.mlflow_run = _log_run(evaluated, record, loaded, metric, source, parts, options)
     atomic_write_json(out_dir / "summary.json", record)
     return evaluated
 
@@ -165,7 +174,8 @@ def _log_run(evaluated: Evaluated, record: dict, loaded, metric, source, parts: 
     split, view = options.split, parts["view"]
     params = {"program_ref": evaluated.ref, "split": split, "view": view, "limit": parts["limit"],
               "seed": options.seed, "data": source.describe(), "config": parts["config"],
-              "metric": metric.config.to_dict()}
+              "metric": metric.config.to_dict(),
+              **({"pricing": options.pricing.to_dict()} if options.pricing is not None else {})}
     dataset = {**source.describe(), "split": split, "view": view, "seed": options.seed}
     with logged_or_warned(evaluated.out_dir):
         return log_evaluation_run(evaluated.out_dir, record, evaluated.result.rows,

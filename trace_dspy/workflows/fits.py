@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core.console import heartbeat
+
 RELEVANCE_REPRODUCE_LIMIT = 400
 RELEVANCE_PROBES = (
     ("I failed my driving test again.", "Oh no, I'm so sorry. That must be frustrating. What went wrong?"),
@@ -170,7 +172,9 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
     print(f"ED pool {source.location}: {len(rows)} rows ({source.fingerprint}); embedding and fitting ...",
           file=sys.stderr, flush=True)
     meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
-    result = fit_pool(rows, embedder.encode, seed=seed, meta=meta)
+    with heartbeat("relevance head") as phase:
+        phase.note("embedding and fitting")
+        result = fit_pool(rows, embedder.encode, seed=seed, meta=meta)
     m = result.head.meta
     text = (f"train {m['train_rows']} rows, held out {m['held_out_rows']} rows / {m['held_out_conversations']} "
             f"conversations; {m['epochs']} epochs\n" + relevance_table_text(result.table))
@@ -183,8 +187,11 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
         return {"reproduce": {"limit": RELEVANCE_REPRODUCE_LIMIT, "dev_table": small.table},
                 "probes": [{"speaker": p, "reply": r, "p": s} for (p, r), s in zip(probes, scores)]}
 
-    matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check, load_error=RelevanceError,
-                             same=same_relevance_table, json_path=json_path, command=command, extras=extras)
+    with heartbeat("relevance head") as phase:
+        phase.note("checking" if check else "the reproduce run and saving")
+        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
+                                 load_error=RelevanceError, same=same_relevance_table, json_path=json_path,
+                                 command=command, extras=extras)
     return Refit(text, output, matches)
 
 
@@ -210,8 +217,10 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
     output = output or WEIGHTS_FILE
     print(f"EPITOME {data.folder}: {len(data.pairs)} pairs ({data.fingerprint}); embedding and fitting ...",
           file=sys.stderr, flush=True)
-    result = fit_epitome(data, embedder.encode, seed=seed, dev_fraction=dev_fraction, limit=limit, l2=l2,
-                         meta={"embedding_model": EMBEDDING_MODEL})
+    with heartbeat("empathy scorer") as phase:
+        phase.note("embedding and fitting")
+        result = fit_epitome(data, embedder.encode, seed=seed, dev_fraction=dev_fraction, limit=limit, l2=l2,
+                             meta={"embedding_model": EMBEDDING_MODEL})
     meta = result.head.meta
     text = (f"train {meta['train_pairs']} pairs / {meta['train_posts']} posts, dev {meta['dev_pairs']} pairs / "
             f"{meta['dev_posts']} posts; L2 {meta['l2']}\n" + format_fit_table(result.table))
@@ -226,8 +235,11 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
                 "probes": [{"seeker": p, "reply": r, "levels": [float(v) for v in row]}
                            for (p, r), row in zip(probes, levels)]}
 
-    matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check, load_error=ScorerError,
-                             same=same_empathy_table, json_path=json_path, command=command, extras=extras)
+    with heartbeat("empathy scorer") as phase:
+        phase.note("checking" if check else "the reproduce run and saving")
+        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
+                                 load_error=ScorerError, same=same_empathy_table, json_path=json_path,
+                                 command=command, extras=extras)
     return Refit(text, output, matches)
 
 
@@ -244,6 +256,8 @@ def refit_prior(data: str, *, situations: str | None, seed: int = 0, output: Pat
 
     resolved = resolve_situations(situations)
     source = resolve_source(data, seed=seed)
-    prior = fit_from_source(source, situations=resolved, seed=seed, refit_on_dev=refit_on_dev)
+    with heartbeat("emotion prior") as phase:
+        phase.note("embedding the pool and fitting")
+        prior = fit_from_source(source, situations=resolved, seed=seed, refit_on_dev=refit_on_dev)
     prior.save(output)
     return {"output": str(output), "size_bytes": output.stat().st_size, **prior.describe()}

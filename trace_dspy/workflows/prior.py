@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_dspy.core.console import heartbeat
 from trace_dspy.data.sources import DEV_FRACTION
 
 
@@ -82,13 +83,7 @@ def _shipped_dev_accuracy(shipped, source, seed: int, texts, labels) -> float:
 
 def choose_prior(source, *, situations=None, seed: int = 0, prior_k: Any = "auto") -> PriorChoice:
     """The better of the prior fitted on ``source`` (and ``situations``) and the shipped one, on dev."""
-    from trace_dspy.data.sources import select_view, split_pool
-    from trace_dspy.program.emotion_prior import (
-        MIN_TRAIN,
-        PriorError,
-        cached_prior,
-        shipped_prior,
-    )
+    from trace_dspy.program.emotion_prior import MIN_TRAIN, PriorError, shipped_prior
 
     if prior_k == 0:
         return PriorChoice(None, "none", "prior_k = 0")
@@ -104,6 +99,17 @@ def choose_prior(source, *, situations=None, seed: int = 0, prior_k: Any = "auto
             return PriorChoice(None, "none", f"{reason}; {shipped_error}")
         return PriorChoice(shipped, "shipped", f"{reason}; dev accuracy {shipped.meta.get('dev_accuracy')} "
                                                "on the ED pool it was fitted on")
+    # An L-BFGS fit and the embeddings of the whole pool: minutes on ED, with no count to report.
+    with heartbeat("emotion prior") as phase:
+        return _fit_and_compare(source, situations, seed, shipped, shipped_error, phase)
+
+
+def _fit_and_compare(source, situations, seed: int, shipped, shipped_error: str, phase) -> PriorChoice:
+    """The prior fitted on ``source`` (cached) against ``shipped`` on the pool's dev side; the better one."""
+    from trace_dspy.data.sources import select_view, split_pool
+    from trace_dspy.program.emotion_prior import PriorError, cached_prior
+
+    phase.note("fitting (or reading the cached fit)")
     try:
         fitted = cached_prior(source, situations=situations, seed=seed, dev_fraction=DEV_FRACTION)
     except PriorError as exc:
@@ -112,6 +118,7 @@ def choose_prior(source, *, situations=None, seed: int = 0, prior_k: Any = "auto
         return PriorChoice(shipped, "shipped", f"no prior could be fitted on this pool: {exc}")
     if shipped is None:
         return PriorChoice(fitted, "fitted", shipped_error)
+    phase.note("scoring the shipped prior on dev")
     dev = select_view(split_pool(source, seed=seed)[1], "longest")
     texts, labels = [s.dialogue for s in dev], [s.emotion for s in dev]
     try:
