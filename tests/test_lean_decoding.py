@@ -183,3 +183,40 @@ def test_a_reply_call_ends_after_its_sentence_with_the_same_words(local_model):
 
         assert cut == first_sentences(full, 1)
         assert cut_lm.engine.stats.completion_tokens < full_lm.engine.stats.completion_tokens
+
+
+@pytest.mark.slow
+def test_a_state_saved_on_disk_gives_the_tokens_of_a_fresh_read(local_model, tmp_path, monkeypatch):
+    """The state after a stage's instructions, written by one process and read by the next, continues
+    exactly as reading the instructions again does."""
+    from trace_dspy.lm import state_files
+    from trace_dspy.lm.models import load_model
+    from trace_dspy.lm.specs import local_lm
+    from trace_dspy.program.pipeline import TraceProgram
+
+    monkeypatch.setenv("TRACE_DSPY_CACHE", str(tmp_path))
+    loads = []
+    real_load = state_files.StateFiles.load
+    monkeypatch.setattr(state_files.StateFiles, "load",
+                        lambda self, tokens: loads.append(real_load(self, tokens)) or loads[-1])
+    program = TraceProgram()
+    dialogue = "Speaker: I lost my wallet on the bus."
+
+    def answer(**settings):
+        lm = local_lm(cache=False, **settings)
+        with dspy.context(lm=lm):
+            pred = program(dialogue=dialogue, exemplars=[])
+        engine = lm.engine
+        load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed).states.clear()
+        return pred.toDict()
+
+    fresh = answer(state_files=False)
+    written = answer()  # reads the instructions, writes their states
+    assert list((tmp_path / "llama-states").glob("*.state")) and not any(loads)
+    restored = answer()  # a "new process": nothing in memory, the states come from disk
+    assert any(s is not None for s in loads)
+    assert restored == written == fresh
+    # A damaged file is ignored: the instructions are read again, with the same answer.
+    for path in (tmp_path / "llama-states").glob("*.state"):
+        path.write_bytes(path.read_bytes()[:100])
+    assert answer() == fresh

@@ -32,6 +32,8 @@ from typing import Any
 
 from dspy.lm15 import Message, Response, TextPart, Usage
 
+from trace_dspy.core import env
+
 from trace_dspy.lm.constraint import OutputConstraint, request_constraint
 from trace_dspy.lm.decoding import first_sentences, greedy, sentence_stop
 from trace_dspy.lm.forcing import Forcing
@@ -44,6 +46,7 @@ from trace_dspy.lm.grammar import (
 )
 from trace_dspy.lm.model_files import default_model_path, import_llama
 from trace_dspy.lm.models import LoadedModel, load_model, restore_context, save_context, set_threads
+from trace_dspy.lm.state_files import StateFiles
 from trace_dspy.lm.threads import DEFAULT_POLICY, ThreadPolicy
 
 # min-p for sampled calls: llama.cpp's own default is 0.05; at DSPy's Best-of-N temperature of 1.0 that lets
@@ -103,6 +106,7 @@ class LlamaEngine:
         loop_guard: bool = True,
         sample_min_p: float = SAMPLE_MIN_P,
         jump_forward: bool = True,
+        state_files: bool = True,
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
@@ -129,6 +133,8 @@ class LlamaEngine:
             raise ValueError(f"sample_min_p must be in [0, 1), got {sample_min_p}")
         # Fast greedy calls read the text their grammar forces in one batch (trace_dspy.lm.forcing).
         self.jump_forward = bool(jump_forward)
+        # The state after a stage's system message is kept on disk for the next process (trace_dspy.lm.state_files).
+        self.state_files = bool(state_files)
         self.guard_counts: dict[str, int] = {}
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
@@ -146,7 +152,7 @@ class LlamaEngine:
             "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
             "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard, "sample_min_p": self.sample_min_p,
-            "jump_forward": self.jump_forward,
+            "jump_forward": self.jump_forward, "state_files": self.state_files,
         }
 
     def __getstate__(self):
@@ -331,11 +337,28 @@ class LlamaEngine:
             restore_context(llama, saved)
             model.states.move_to_end(key)
             return
-        llama.reset()
-        llama.eval(head)
-        model.states[key] = save_context(llama)
+        # A fixed part that is only the system message (a stage's instructions) is the same in every process.
+        files = self._state_files(model) if len(messages) == 2 and messages[0]["role"] == "system" else None
+        saved = files.load(head) if files is not None else None
+        if saved is not None:
+            restore_context(llama, saved)
+        else:
+            llama.reset()
+            llama.eval(head)
+            saved = save_context(llama)
+            if files is not None:
+                files.save(head, saved)
+        model.states[key] = saved
         while len(model.states) > self.max_states:
             model.states.popitem(last=False)
+
+    def _state_files(self, model: LoadedModel) -> StateFiles | None:
+        """The folder of saved system-message states (``trace_dspy.lm.state_files``); None with them off."""
+        if not self.state_files:
+            return None
+        if model.files is None:
+            model.files = StateFiles(env.cache_dir("llama-states"), str(self.resolved_path()), self.n_ctx)
+        return model.files
 
     def stream(self, request):
         from dspy.lm15 import response_to_events

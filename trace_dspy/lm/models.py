@@ -29,6 +29,7 @@ class LoadedModel:
     formatter: Any = None  # renders a whole chat prompt, ending with the assistant cue
     prefix_formatter: Any = None  # renders the fixed part, without the cue
     threads: int | None = None  # the thread count its context runs with now (None: as loaded)
+    files: Any = None  # its saved system-message states on disk (trace_dspy.lm.state_files), made on first use
 
 
 _MODELS: dict[tuple, LoadedModel] = {}
