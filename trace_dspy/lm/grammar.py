@@ -23,7 +23,8 @@ from trace_dspy.lm.prompts import layout, output_fields, section, sections
 MAX_TEXT_CHARS = 300
 MAX_LIST_ITEMS = 2
 DEFAULT_QUOTE_FIELDS = {"trigger_spans": "dialogue"}
-DEFAULT_TEXT_LIMITS = {"reasoning": 200}
+# The cause summary is one sentence (its description says so); past that a small model repeats itself.
+DEFAULT_TEXT_LIMITS = {"reasoning": 200, "cause_summary": 150}
 # Output label field -> the input field that lists its candidates.
 DEFAULT_CHOICE_FIELDS = {"emotion": "emotion_candidates"}
 
