@@ -100,3 +100,56 @@ def test_auto_draws_candidates_only_for_a_constrained_small_model():
     assert program.best_of(fake_lm()[0]) == 1
     assert program.best_of(GrammarLM("openai/local", api_base="http://127.0.0.1:9/v1", api_key="x")) == 4
     assert TraceProgram(ProgramConfig(best_of=2)).best_of(fake_lm()[0]) == 2
+
+
+def race(firsts: dict, samples: dict, threshold: float, best_of: int = 3):
+    """A program with two further plans; each plan's replies are scored from ``firsts`` (its first reply) and
+    ``samples`` (its sampled candidates, in order). Returns the prediction and the replies written."""
+    written: list[str] = []
+
+    def reply(inputs):
+        plan = f"{inputs['strategy']}+{inputs.get('secondary_strategy', inputs['strategy'])}"
+        text = f"{plan} reply {sum(w.startswith(plan) for w in written)}"
+        written.append(text)
+        return text
+
+    def reward(inputs, pred):
+        plan, _, number = pred.response.partition(" reply ")
+        return firsts[plan] if number == "0" else samples[plan][int(number) - 1]
+
+    lm, _ = fake_lm(response=reply)
+    program = TraceProgram(ProgramConfig(best_of=best_of, best_of_threshold=threshold))
+    program.reply_plans = (("EX", "EX"), ("ER", "ER"))
+    program.reward_fn = reward
+    with dspy.context(lm=lm):
+        pred = program(dialogue=DIALOGUE)
+    return pred, written
+
+
+def own_plan() -> str:
+    lm, _ = fake_lm()
+    with dspy.context(lm=lm):
+        pred = TraceProgram(ProgramConfig()).forward(dialogue=DIALOGUE)
+    return f"{pred.strategy}+{pred.secondary_strategy}"
+
+
+def test_no_plan_is_sampled_once_a_first_reply_reaches_the_threshold():
+    own = own_plan()
+    firsts = {own: 0.3, "EX+EX": 0.7, "ER+ER": 0.4}
+    pred, written = race(firsts, {p: [0.9, 0.9] for p in firsts}, threshold=0.6)
+    assert all(w.endswith("reply 0") for w in written) and len(written) == len(set(firsts))
+    assert pred.response == "EX+EX reply 0" and (pred.strategy, pred.secondary_strategy) == ("EX", "EX")
+
+
+def test_sampling_starts_at_the_best_plan_and_keeps_the_best_candidate_found():
+    own = own_plan()
+    firsts = {own: 0.3, "EX+EX": 0.5, "ER+ER": 0.45}
+    # EX+EX is sampled first (best first reply); its second sample clears 0.8 and the search stops there.
+    pred, written = race(firsts, {"EX+EX": [0.6, 0.85], "ER+ER": [0.99, 0.99], own: [0.99, 0.99]}, threshold=0.8)
+    assert written[len(set(firsts)):] == ["EX+EX reply 1", "EX+EX reply 2"]
+    assert pred.response == "EX+EX reply 2" and pred.strategy == "EX"
+    # Nothing clears the threshold: every plan is sampled, and the best candidate of all is kept.
+    samples = {"EX+EX": [0.2, 0.1], "ER+ER": [0.55, 0.5], own: [0.4, 0.35]}
+    pred, written = race(firsts, samples, threshold=0.8)
+    assert len(written) == 3 * len(set(firsts))
+    assert pred.response == "ER+ER reply 1" and max(pred.reply_rewards) == 0.55

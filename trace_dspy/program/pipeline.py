@@ -25,6 +25,7 @@ from trace_dspy.lm.adapters import choose_adapter, is_constrained
 from trace_dspy.program.lm_warnings import quiet_truncation
 from trace_dspy.program.parts import FittedParts
 from trace_dspy.program.reflection import Reflection
+from trace_dspy.program.reply_search import ReplySearch
 from trace_dspy.program.reply_adapter import ChatReplyAdapter, chat_reply_adapter
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
@@ -61,7 +62,7 @@ def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
     return sig
 
 
-class TraceProgram(Reflection, dspy.Module):
+class TraceProgram(ReplySearch, Reflection, dspy.Module):
     """Emotion -> cause -> strategy -> reply, one typed predictor per stage.
 
     Call it with ``dialogue`` (a list of turns, or a string with one
@@ -384,131 +385,3 @@ class TraceProgram(Reflection, dspy.Module):
                 state["reply_rewards"] = rewards
                 return result
             return predictor(**inputs)
-
-    def plan_reply(self, predictor, inputs: dict, plan: tuple[str, str]) -> tuple[dspy.Prediction, float, list[float]]:
-        """The reply written for ``plan`` (primary, secondary) in place of the plan in ``inputs`` (Best-of-N as
-        configured): the kept reply, its reward, and every candidate's reward. Call inside the reply stage's
-        context."""
-        inputs = self._plan_inputs(inputs, plan)
-        if self.best_of(dspy.settings.lm) > 1:
-            result, rewards = self._best_reply(predictor, inputs)
-            return result, max(rewards), rewards
-        result = predictor(**inputs)
-        reward = self.reply_reward(inputs, result)
-        return result, reward, [reward]
-
-    def _plan_replies(self, predictor, inputs: dict, state: dict):
-        """Replies for the LM's plan and each fitted further plan, in two rounds; the best by reward is kept,
-        and its plan becomes the program's.
-
-        First every plan gets its first reply. Only when none of them reaches ``best_of_threshold`` are more
-        candidates sampled (Best-of-N as configured), plan by plan from the one whose first reply scored best,
-        until a candidate reaches the threshold. A further plan whose reply fails is skipped (the LM's own
-        must not fail).
-        """
-        own = (inputs["strategy"], inputs.get("secondary_strategy", inputs["strategy"]))
-        tried: dict[tuple[str, str], dict] = {}
-        for number, plan in enumerate(dict.fromkeys([own, *self.reply_plans])):
-            plan_inputs = self._plan_inputs(inputs, plan)
-            with spans.span(f"plan {'+'.join(plan)}", inputs={"strategy": plan[0], "secondary_strategy": plan[1]}) \
-                    as sp:
-                try:
-                    result, reward = self._first_reply(predictor, plan_inputs)
-                except Exception:
-                    if number == 0:
-                        raise
-                    continue
-                sp.set_outputs({"response": getattr(result, "response", None), "reward": reward})
-            tried[plan] = {"inputs": plan_inputs, "best": (result, reward), "rewards": [reward]}
-        threshold = self.config.best_of_threshold
-        more = self.best_of(dspy.settings.lm) - 1
-        if more > 0 and max(t["best"][1] for t in tried.values()) < threshold:
-            for plan in sorted(tried, key=lambda p: -tried[p]["best"][1]):
-                entry = tried[plan]
-                sampled = self._more_replies(predictor, entry["inputs"], entry["rewards"], more)
-                if sampled is not None and max(entry["rewards"][1:]) > entry["best"][1]:
-                    entry["best"] = (sampled, max(entry["rewards"][1:]))
-                if entry["best"][1] >= threshold:
-                    break
-        plan = max(tried, key=lambda p: tried[p]["best"][1])  # the first of equals: the LM's own plan first
-        state["strategy"] = plan[0]
-        if "secondary_strategy" in inputs:
-            state["secondary_strategy"] = plan[1]
-        state["plan_choice"] = [{"plan": "+".join(p), "reward": round(float(t["best"][1]), 4)} for p, t in tried.items()]
-        state["reply_rewards"] = [r for t in tried.values() for r in t["rewards"]]
-        return tried[plan]["best"][0]
-
-    @staticmethod
-    def _plan_inputs(inputs: dict, plan: tuple[str, str]) -> dict:
-        inputs = {**inputs, "strategy": plan[0]}
-        if "secondary_strategy" in inputs:
-            inputs["secondary_strategy"] = plan[1]
-        return inputs
-
-    def reply_reward(self, inputs: dict, pred) -> float:
-        """The reference-free metric score of a reply candidate: no gold reply, no LM call.
-
-        Uses ``self.reward_fn`` when set (tests, custom rewards), else the
-        default EmpathyMetric's learned empathy, strategy fit, relevance and rules,
-        with its reply guards on (a candidate that talks as the speaker or says
-        the listener's earlier turn again scores 0).
-        """
-        if self.reward_fn is not None:
-            return float(self.reward_fn(inputs, pred))
-        # The writer's demo replies are copy sources: a candidate that pastes one scores 0.
-        demos = tuple(str(d["response"]) for d in self.generate_response.demos if d.get("response"))
-        if self._reward_metric is None or self._reward_metric[0] != demos:
-            from trace_dspy.optimize.metric import EmpathyMetric
-
-            self._reward_metric = (demos, EmpathyMetric(copy_sources=demos, reply_guards=True))
-        candidate = dspy.Prediction(response=pred.response, strategy=inputs.get("strategy"),
-                                    secondary_strategy=inputs.get("secondary_strategy"),
-                                    exemplars=inputs.get("exemplars") or [])
-        return self._reward_metric[1].evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
-
-    def _best_reply(self, predictor, inputs: dict):
-        """The first reply as configured; below the threshold, ``dspy.BestOfN`` samples the rest.
-
-        Returns the kept prediction and the reward of every candidate, in order.
-        """
-        first, reward = self._first_reply(predictor, inputs)
-        rewards = [reward]
-        if reward >= self.config.best_of_threshold:
-            return first, rewards
-        sampled = self._more_replies(predictor, inputs, rewards, self.best_of(dspy.settings.lm) - 1)
-        if sampled is None or len(rewards) == 1:  # every sampled attempt failed: keep the first reply
-            return first, rewards
-        return (sampled, rewards) if max(rewards[1:]) > rewards[0] else (first, rewards)
-
-    def _first_reply(self, predictor, inputs: dict) -> tuple[dspy.Prediction, float]:
-        """The reply as configured (greedy on the embedded model) and its reward."""
-        first = predictor(**inputs)
-        reward = self.reply_reward(inputs, first)
-        _candidate_span(1, first, reward)
-        return first, reward
-
-    def _more_replies(self, predictor, inputs: dict, rewards: list[float], n: int):
-        """Up to ``n`` sampled candidates (``dspy.BestOfN``, stopping at the threshold); each reward is appended
-        to ``rewards``. Returns the best sampled prediction, or None when every attempt failed."""
-        trace = dspy.settings.trace
-        mark = len(trace) if trace is not None else 0
-
-        def reward(args, pred):
-            value = self.reply_reward(args, pred)
-            rewards.append(value)
-            _candidate_span(len(rewards), pred, value)
-            return value
-
-        sampled = dspy.BestOfN(module=predictor, N=n, threshold=self.config.best_of_threshold,
-                               reward_fn=reward)(**inputs)
-        if trace is not None:
-            # BestOfN records its copy of the predictor; name the original so optimizers find the demo.
-            trace[mark:] = [(predictor, a, o) for _, a, o in trace[mark:]]
-        return sampled
-
-
-def _candidate_span(number: int, pred, reward: float) -> None:
-    """A Best-of-N candidate in the trace: its reply and its reward (no-op with tracing off)."""
-    if spans.enabled():
-        with spans.span(f"candidate {number}", attributes={"reward": float(reward)}) as sp:
-            sp.set_outputs({"response": getattr(pred, "response", None), "reward": float(reward)})
