@@ -226,15 +226,16 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         """
         return copy.deepcopy(self)
 
-    def retrieve(self, dialogue: str, emotion: str | None) -> list[str]:
-        """Exemplars for a dialogue from the retriever (empty without one)."""
+    def retrieve(self, dialogue: str, emotion: str | None, *, last_turn: bool = False) -> list[str]:
+        """Exemplars for a dialogue from the retriever (empty without one). With ``last_turn``, each is cut to
+        the speaker's last turn and the reply: what the chat and scaffold reply layouts show anyway."""
         if self.retriever is None:
             return []
         from trace_dspy.data.retrieval import format_exemplar
 
         cfg = self.config.retrieval
         hits = self.retriever.search(dialogue, emotion=emotion, k=cfg.k, filter_by_group=cfg.filter_by_group)
-        return [format_exemplar(h) for h in hits]
+        return [format_exemplar(_last_exchange(h) if last_turn else h) for h in hits]
 
     def prior_k(self, lm=None) -> int:
         """Candidates the prior offers for ``lm`` (``auto`` resolved: 1 for a constrained small model)."""
@@ -352,7 +353,11 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                 # After the emotion is known: TRACE filters exemplars by its group.
                 with spans.span("retrieval", span_type="RETRIEVER",
                                 inputs={"dialogue": state["dialogue"], "emotion": state.get("emotion")}) as sp:
-                    state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"))
+                    # A constrained small model reads exemplars cut to their last exchange: the planner's
+                    # prompt is the longest the program reads per dialogue.
+                    lm = self._stage_lm("plan_strategy") or dspy.settings.lm
+                    state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"),
+                                                       last_turn=lm is not None and is_constrained(lm))
                     sp.set_outputs(state["exemplars"])
                 retrieve = False
             with spans.span(BY_NAME[stage].span or stage) as sp:
@@ -385,3 +390,14 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                 state["reply_rewards"] = rewards
                 return result
             return predictor(**inputs)
+
+
+def _last_exchange(hit):
+    """An exemplar hit cut to the speaker's last turn (the reply follows it)."""
+    from trace_dspy.core.dialogue import SPEAKER, parse_dialogue
+
+    try:
+        turns = [t for t in parse_dialogue(hit["dialogue"]) if t.role == SPEAKER]
+    except ValueError:
+        return hit
+    return {**hit, "dialogue": f"Speaker: {turns[-1].text}"} if turns else hit
