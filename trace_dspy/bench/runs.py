@@ -174,6 +174,27 @@ def run_compile_bench(where: Where, *, optimizer: str | None, train: int, dev: i
     return BenchRun("compile", result, compile_markdown({k: v for k, v in result.items() if k in ("cold", "warm")}))
 
 
+def run_latency(where: Where, *, phases: Sequence[str], repeats: int, competing: Sequence[int],
+                messages: Path | None, message: str, cold_cache: bool, program: str | None, config: str | None,
+                run_timeout: float, max_load: float, force: bool) -> BenchRun:
+    """The latency bench; its record is rewritten after every run, so that a bench that stops keeps its numbers."""
+    from trace_dspy.bench.latency import (
+        LatencyOptions,
+        latency_markdown,
+        measure_latency,
+    )
+
+    options = LatencyOptions(phases=phases, repeats=repeats, competing=competing, messages=messages,
+                             message=message, cold_cache=cold_cache, program=program, config=config,
+                             data=where.data, timeout=run_timeout, max_load=max_load, force=force)
+
+    def saved(result: dict[str, Any]) -> None:
+        save_run(where, BenchRun("latency", result, latency_markdown(result)), log=False)
+
+    result = measure_latency(options, on_update=saved)
+    return BenchRun("latency", result, latency_markdown(result))
+
+
 def run_quality_bench(where: Where, *, limit: int, view: str, systems: Sequence[str], optimizers: Sequence[str],
                       artifact: Sequence[str], train: int, dev: int, threads: int, max_failure_rate: float | None,
                       fresh: bool, price_input: float = DEFAULT_INPUT_PRICE,
@@ -251,7 +272,7 @@ def _quality_setup(where: Where, *, limit: int, view: str, train: int, dev: int)
 
 RUNS = {"quality": run_quality_bench, "overhead": run_overhead, "concurrency": run_concurrency,
         "compile": run_compile_bench, "scorer": run_scorer, "emotion": run_emotion, "prior": run_prior,
-        "scale": run_scale}
+        "scale": run_scale, "latency": run_latency}
 
 
 def run_bench(name: str, where: Where, **options) -> BenchRun:

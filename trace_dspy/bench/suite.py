@@ -7,6 +7,7 @@
 - :mod:`trace_dspy.bench.compile_cost`: a compile with a cold and a warm cache (``measure_compile``);
 - :mod:`trace_dspy.bench.scorer`: the metric's cost per example (``measure_scorer``);
 - :mod:`trace_dspy.bench.emotion`: emotion accuracy and the prior's cost (``measure_emotion``);
+- :mod:`trace_dspy.bench.latency`: what a person waits for, start-up included (``measure_latency``);
 - :mod:`trace_dspy.bench.records`: what they share (LM call counts, millisecond statistics, record numbers).
 """
 
@@ -19,6 +20,12 @@ from trace_dspy.bench.emotion import (
     emotion_markdown,
     measure_emotion,
     measure_prior_cost,
+)
+from trace_dspy.bench.latency import (
+    BusyMachine,
+    LatencyOptions,
+    latency_markdown,
+    measure_latency,
 )
 from trace_dspy.bench.overhead import (
     CLOCKS,
@@ -56,9 +63,10 @@ from trace_dspy.bench.systems import (
 
 __all__ = [
     "BASE_SYSTEMS", "BENCH_EXPERIMENT", "CLOCKS", "PAIRED_METRICS", "PUBLISHED_EMOTION", "SCORE_KEYS",
-    "SYSTEM_DESCRIPTIONS", "QualityReport", "SingleCallProgram", "System", "TimedEngine", "build_systems",
-    "compile_markdown", "concurrency_markdown", "count_lm_calls", "emotion_markdown", "flat_numbers",
-    "log_quality_to_mlflow", "machine", "measure_compile", "measure_concurrency", "measure_emotion",
-    "measure_overhead", "measure_prior_cost", "measure_scorer", "ms_stats", "overhead_markdown", "paper_program",
-    "per_example", "program_fingerprint", "quality_charts", "run_quality", "scorer_markdown", "without_cache",
+    "SYSTEM_DESCRIPTIONS", "BusyMachine", "LatencyOptions", "QualityReport", "SingleCallProgram", "System",
+    "TimedEngine", "build_systems", "compile_markdown", "concurrency_markdown", "count_lm_calls",
+    "emotion_markdown", "flat_numbers", "latency_markdown", "log_quality_to_mlflow", "machine", "measure_compile",
+    "measure_concurrency", "measure_emotion", "measure_latency", "measure_overhead", "measure_prior_cost",
+    "measure_scorer", "ms_stats", "overhead_markdown", "paper_program", "per_example", "program_fingerprint",
+    "quality_charts", "run_quality", "scorer_markdown", "without_cache",
 ]

@@ -6,6 +6,7 @@
     python -m trace_dspy.bench concurrency      # throughput by thread count, 200 ms loopback server
     python -m trace_dspy.bench embedded         # the embedded model against raw llama.cpp
     python -m trace_dspy.bench compile          # default compile, cold and then warm cache
+    python -m trace_dspy.bench latency          # what a person waits for, start-up included, embedded model
 
 Every sub-command prints a markdown table, writes ``<name>.md`` and
 ``<name>.json`` (numbers only, no dataset text) to ``--output-dir`` and logs an
@@ -26,7 +27,14 @@ would cost on a hosted LM at ``--price-input`` and ``--price-output`` (USD per
 million tokens), beside the single call's. The runs are
 :mod:`trace_dspy.bench.runs`; the measurements are the library API in
 :mod:`trace_dspy.bench.suite` (``run_quality``, ``measure_overhead``,
-``measure_concurrency``, ``measure_compile``).
+``measure_concurrency``, ``measure_compile``, ``measure_latency``).
+
+The latency bench times whole processes on the embedded model: ``respond`` with a
+new DSPy cache (``cold``), a batch of everyday messages against the raw model
+answering them (``anchor``), and ``respond`` beside CPU-bound processes
+(``contention``). It refuses to start on a machine whose load average is above
+``--max-load`` (exit 2) unless ``--force``, and exits 1 when a run failed (the
+others' numbers are kept in the record).
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
+from trace_dspy.bench.latency import BusyMachine
 from trace_dspy.bench.records import BENCH_EXPERIMENT
-from trace_dspy.bench.runs import Where, run_bench
+from trace_dspy.bench.runs import DEFAULT_OUTPUT, Where, run_bench
 from trace_dspy.bench.systems import BASE_SYSTEMS
 from trace_dspy.cli.common import (
     add_data_args,
@@ -55,7 +65,8 @@ from trace_dspy.core.config import ConfigError
 from trace_dspy.data.sources import DataError
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 
-SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion", "prior", "scale")
+SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion", "prior", "scale",
+               "latency")
 
 
 def _int_list(text: str) -> list[int]:
@@ -94,6 +105,7 @@ HELP = {
     "emotion": "emotion accuracy: majority, the fitted prior, the stage with and without it",
     "prior": "the emotion prior's variants and the shipped prior on dev and all test items",
     "scale": "the plain batch against Spark local mode, same items, latency-bound fake LM",
+    "latency": "what a person waits for on the embedded model, each phase in fresh processes (start-up included)",
 }
 
 
@@ -161,10 +173,33 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dev", type=int, default=16)
 
 
+def _latency_args(p: argparse.ArgumentParser) -> None:
+    from trace_dspy.bench.latency import CONTENTION_MESSAGE, PHASES
+
+    p.add_argument("--phases", type=_names, default=list(PHASES), help=f"default {','.join(PHASES)}")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="cold: different messages, each in its own process; contention: rounds (default 3)")
+    p.add_argument("--competing", type=_int_list, default=[1, 3], metavar="K,K",
+                   help="CPU-bound processes beside respond in the contention phase (default 1,3)")
+    p.add_argument("--messages", type=Path, metavar="FILE",
+                   help='the anchor\'s dialogues, JSONL of {"turns": [...]}; the first 8 are used '
+                        "(default docs/bench/everyday/messages.jsonl)")
+    p.add_argument("--message", default=CONTENTION_MESSAGE, help="the contention phase's message")
+    p.add_argument("--cold-cache", action="store_true",
+                   help="cold runs also get a new, empty $TRACE_DSPY_CACHE (a first run ever); default: yours")
+    p.add_argument("--program", help="passed to respond (default: respond's default program)")
+    p.add_argument("--config", metavar="TOML", help="passed to respond")
+    p.add_argument("--timeout", dest="run_timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="seconds one run may take; then its processes are killed and it is reported (default 300)")
+    p.add_argument("--max-load", type=float, default=0.5,
+                   help="refuse to start when the 1-minute load average is above this (default 0.5)")
+    p.add_argument("--force", action="store_true", help="measure even on a busy machine (the record says so)")
+
+
 # Each sub-command's own flags, and the names of the options its run takes (its flags' dests).
 OWN_ARGS = {"quality": _quality_args, "overhead": _overhead_args, "concurrency": _concurrency_args,
             "emotion": _emotion_args, "prior": add_situations_arg, "scorer": _scorer_args, "scale": _scale_args,
-            "compile": _compile_args}
+            "compile": _compile_args, "latency": _latency_args}
 OPTIONS = {
     "quality": ("limit", "view", "systems", "optimizers", "artifact", "train", "dev", "threads", "max_failure_rate",
                 "fresh", "price_input", "price_output"),
@@ -175,6 +210,8 @@ OPTIONS = {
     "scorer": ("limit",),
     "scale": ("items", "latency", "threads", "master", "partitions", "task_threads"),
     "compile": ("optimizer", "train", "dev"),
+    "latency": ("phases", "repeats", "competing", "messages", "message", "cold_cache", "program", "config",
+                "run_timeout", "max_load", "force"),
 }
 
 
@@ -207,6 +244,14 @@ def invalid(args) -> str | None:
         return "--latency must be >= 0 and --per-thread >= 1"
     if name == "scale" and (args.items < 1 or args.latency < 0 or min(args.threads + args.task_threads) < 1):
         return "--items, --threads and --task-threads must be at least 1, and --latency >= 0"
+    if name == "latency":
+        from trace_dspy.bench.latency import LatencyOptions
+
+        try:
+            LatencyOptions(phases=args.phases, repeats=args.repeats, competing=args.competing,
+                           timeout=args.run_timeout, max_load=args.max_load).check()
+        except ValueError as exc:
+            return str(exc)
     return None
 
 
@@ -218,9 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_embedded_command(argv[1:], "python -m trace_dspy.bench embedded", HELP["embedded"])
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    if not hasattr(args, "lm"):  # sub-commands that always use fake LMs
-        for key in ("config", "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm",
-                    "prompt_lm"):
+    for key in ("config", "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"):
+        if not hasattr(args, key):  # sub-commands that use fake LMs (latency has --config, for respond)
             setattr(args, key, None)
     problem = invalid(args)
     if problem:
@@ -232,10 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         run = run_bench(args.command, where, **{key: getattr(args, key) for key in OPTIONS[args.command]})
     except FailureRateExceeded as exc:
         return fail(str(exc), code=1)
-    except (ConfigError, DataError, FileNotFoundError, ValueError, ImportError) as exc:
+    except (BusyMachine, ConfigError, DataError, FileNotFoundError, ValueError, ImportError) as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        print("\ninterrupted; finished quality rows are kept and a rerun resumes them", file=sys.stderr)
+        record = (args.output_dir or DEFAULT_OUTPUT) / "latency.json"
+        kept = (f"the runs measured so far are in {record}" if args.command == "latency"
+                else "finished quality rows are kept and a rerun resumes them")
+        print(f"\ninterrupted; {kept}", file=sys.stderr)
         return 130
     print(run.table)
     print(f"\n{run.name}.md and {run.name}.json in {run.out_dir}")
@@ -243,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         print("charts: " + ", ".join(str(c) for c in run.charts))
     if run.mlflow_run_id:
         print(f"mlflow run {run.mlflow_run_id} (experiment {args.experiment})")
+    failures = run.result.get("failures") or []
+    if failures:
+        said = "; ".join(f"{f['phase']}, {f['label']}: {f['reason']}" for f in failures)
+        return fail(f"{len(failures)} run(s) failed, the others' numbers are in the record: {said}", code=1)
     return 0
 
 

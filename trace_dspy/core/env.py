@@ -88,14 +88,18 @@ def number(name: str, environ: Mapping[str, str] | None = None) -> float | None:
         return math.nan
 
 
+def cache_root() -> Path:
+    """The folder that holds this package's caches: ``$TRACE_DSPY_CACHE``, else ``~/.cache/trace-dspy``."""
+    return Path(value(CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "trace-dspy"))
+
+
 def cache_dir(kind: str) -> Path:
     """The cache folder for ``kind`` (``index``, ``emotion-prior``) under ``$TRACE_DSPY_CACHE``."""
-    base = value(CACHE) or os.path.join(os.path.expanduser("~"), ".cache", "trace-dspy")
-    return Path(base) / kind
+    return cache_root() / kind
 
 
 __all__ = [
     "API_BASE", "API_KEY_ENV", "ARTIFACTS", "BUSY_WAIT", "CACHE", "DATA", "EPITOME", "LM", "LM_CACHE",
     "REQUEST_TIMEOUT", "SCALE_FAKE_KEY", "SCREENSHOTS", "SITUATIONS", "STORE_WAIT", "THREADS", "TIMEOUT",
-    "TRUE_WORDS", "TRUST_ARTIFACT_LM", "VARIABLES", "cache_dir", "flag", "number", "text", "value",
+    "TRUE_WORDS", "TRUST_ARTIFACT_LM", "VARIABLES", "cache_dir", "cache_root", "flag", "number", "text", "value",
 ]

@@ -47,7 +47,7 @@ from trace_dspy.lm.grammar import (
 from trace_dspy.lm.model_files import default_model_path, import_llama
 from trace_dspy.lm.models import LoadedModel, load_model, restore_context, save_context, set_threads
 from trace_dspy.lm.state_files import StateFiles
-from trace_dspy.lm.threads import DEFAULT_POLICY, ThreadPolicy
+from trace_dspy.lm.threads import DEFAULT_POLICY, ThreadPolicy, default_thread_count
 
 # min-p for sampled calls: llama.cpp's own default is 0.05; at DSPy's Best-of-N temperature of 1.0 that lets
 # the 135M model wander into incoherent stories, which the reward cannot always tell from an answer
@@ -110,7 +110,7 @@ class LlamaEngine:
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
-        self.n_threads = int(n_threads or min(4, os.cpu_count() or 1))
+        self.n_threads = int(n_threads or default_thread_count())
         # adaptive: each call gets the cores other processes leave free (trace_dspy.lm.threads); fixed: n_threads.
         self.thread_policy = ThreadPolicy(thread_policy, self.n_threads)
         self.seed = int(seed)

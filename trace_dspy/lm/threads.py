@@ -20,6 +20,11 @@ DEFAULT_POLICY = "adaptive"
 _MIN_WINDOW = 0.05
 
 
+def default_thread_count() -> int:
+    """The engine's thread count when none is configured: every core, at most four."""
+    return min(4, os.cpu_count() or 1)
+
+
 def _busy_seconds() -> float | None:
     """CPU seconds all processes have spent busy since boot (every core), or None where unknown."""
     try:
