@@ -220,3 +220,28 @@ def test_a_state_saved_on_disk_gives_the_tokens_of_a_fresh_read(local_model, tmp
     for path in (tmp_path / "llama-states").glob("*.state"):
         path.write_bytes(path.read_bytes()[:100])
     assert answer() == fresh
+
+
+@pytest.mark.slow
+def test_a_continuation_from_the_shared_conversation_state_matches_a_fresh_read(local_model):
+    """Calls that continue different prefills of one conversation restore the state after the conversation;
+    each gives the tokens it gives when it is the first call of a fresh state table."""
+    from trace_dspy.lm.models import load_model
+    from trace_dspy.lm.specs import local_lm
+
+    chat = [{"role": "system", "content": "You are a caring friend."},
+            {"role": "user", "content": "My sister is getting married and I have to give a speech."}]
+    prefills = ["That sounds", "I can imagine how", "What"]
+
+    def call(lm, prefill):
+        return lm(messages=[*chat, {"role": "assistant", "content": prefill}], max_tokens=16, temperature=0.0)[0]
+
+    lm = local_lm(cache=False)
+    engine = lm.engine
+    model = load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed)
+    together = [call(lm, p) for p in prefills]
+    alone = []
+    for prefill in prefills:
+        model.states.clear()
+        alone.append(call(lm, prefill))
+    assert together == alone and all(together)

@@ -261,7 +261,10 @@ class LlamaEngine:
 
                 raise ContextLengthError(f"the prompt has {len(tokens)} tokens; the context holds {self.n_ctx}")
             started = time.perf_counter()
-            self._position(model, messages, tokens, sampled=kwargs["temperature"] > 0)
+            base = None
+            if prefill:  # the prompt without the text the reply continues: shared by every continuation
+                base = llama.tokenize(full.prompt.encode("utf-8"), add_bos=not full.added_special, special=True)
+            self._position(model, messages, tokens, sampled=kwargs["temperature"] > 0, base=base)
             stops = [*full.stop, *(kwargs["stop"] or [])]
             if self.fast_greedy and grammar_text is not None and kwargs["temperature"] == 0:
                 free = frozenset(f.name for f in constraint.fields if f.kind == "text")
@@ -305,7 +308,8 @@ class LlamaEngine:
             self._sampled[key] = count + 1
         return self.seed + count
 
-    def _position(self, model: LoadedModel, messages: list[dict], tokens: list[int], sampled: bool = False) -> None:
+    def _position(self, model: LoadedModel, messages: list[dict], tokens: list[int], sampled: bool = False,
+                  base: list[int] | None = None) -> None:
         """Put the context at a fixed point before the prompt is read.
 
         A sampled call whose whole prompt is already in the context (the
@@ -318,6 +322,12 @@ class LlamaEngine:
         from a saved state or evaluated and saved once. Without it, the context
         is emptied. Either way the call reads the same tokens from the same
         point whatever ran before it, so answers do not depend on call order.
+
+        A call that continues a prefill (``base``: its prompt without the
+        prefill) has a second fixed point: the end of that prompt, which every
+        continuation of the same conversation shares (a scaffolded reply's
+        sentences, each candidate's). Its state is kept in memory too, so each
+        such call reads only its own prefill.
         """
         llama = model.llama
         if sampled and self.prefix_cache and llama.n_tokens >= len(tokens) \
@@ -331,11 +341,34 @@ class LlamaEngine:
         if len(head) >= len(tokens) or tokens[: len(head)] != head:
             llama.reset()  # the template does not render the prefix as a prefix
             return
-        key = hash(tuple(head))
+        if base is not None and len(head) < len(base) < len(tokens) and tokens[: len(base)] == base:
+            if self._restore(model, base):
+                return
+            self._to_head(model, messages, head)
+            llama.eval(base[len(head):])
+            self._keep(model, base, save_context(llama))
+            return
+        self._to_head(model, messages, head)
+
+    def _restore(self, model: LoadedModel, tokens: list[int]) -> bool:
+        """Restore the state saved in memory after exactly ``tokens``; False when there is none."""
+        key = hash(tuple(tokens))
         saved = model.states.get(key)
-        if saved is not None and list(saved[2]) == head:
-            restore_context(llama, saved)
-            model.states.move_to_end(key)
+        if saved is None or list(saved[2]) != tokens:
+            return False
+        restore_context(model.llama, saved)
+        model.states.move_to_end(key)
+        return True
+
+    def _keep(self, model: LoadedModel, tokens: list[int], saved: tuple) -> None:
+        model.states[hash(tuple(tokens))] = saved
+        while len(model.states) > self.max_states:
+            model.states.popitem(last=False)
+
+    def _to_head(self, model: LoadedModel, messages: list[dict], head: list[int]) -> None:
+        """The context at the end of the fixed part ``head``: from memory, from disk, or read and saved."""
+        llama = model.llama
+        if self._restore(model, head):
             return
         # A fixed part that is only the system message (a stage's instructions) is the same in every process.
         files = self._state_files(model) if len(messages) == 2 and messages[0]["role"] == "system" else None
@@ -348,16 +381,15 @@ class LlamaEngine:
             saved = save_context(llama)
             if files is not None:
                 files.save(head, saved)
-        model.states[key] = saved
-        while len(model.states) > self.max_states:
-            model.states.popitem(last=False)
+        self._keep(model, head, saved)
 
     def _state_files(self, model: LoadedModel) -> StateFiles | None:
         """The folder of saved system-message states (``trace_dspy.lm.state_files``); None with them off."""
         if not self.state_files:
             return None
-        if model.files is None:
-            model.files = StateFiles(env.cache_dir("llama-states"), str(self.resolved_path()), self.n_ctx)
+        folder = env.cache_dir("llama-states")  # read at each use: the cache folder may be changed in-process
+        if model.files is None or model.files.folder != folder:
+            model.files = StateFiles(folder, str(self.resolved_path()), self.n_ctx)
         return model.files
 
     def stream(self, request):
