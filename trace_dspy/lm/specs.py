@@ -51,6 +51,7 @@ from trace_dspy.core.safety import (
 )
 from trace_dspy.core.stages import STAGE_GROUPS
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, METADATA_KEY
+from trace_dspy.lm.threads import DEFAULT_POLICY, POLICIES
 
 ROLES = ("judge", "prompt")
 _SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
@@ -67,8 +68,8 @@ LOCAL_SETTINGS: dict[str, tuple] = {
     "n_ctx": (int, 16, 131_072), "n_threads": ((int, type(None)), 1, 256), "seed": (int, 0, 2**32 - 1),
     "max_states": (int, 0, 1024), "default_max_tokens": (int, 1, 131_072), "sample_min_p": ((int, float), 0.0, 0.99),
     "constrained": (bool,), "prefix_cache": (bool,), "fast_greedy": (bool,), "loop_guard": (bool,),
-    "jump_forward": (bool,), "state_files": (bool,), "quote_fields": (dict,), "text_limits": (dict,), "thread_policy": (str,),
-}
+    "jump_forward": (bool,), "state_files": (bool,), "quote_fields": (dict,), "text_limits": (dict,),
+    "thread_policy": (str,)}
 
 
 def _is_number(value: Any, types: Any = (int, float)) -> bool:
@@ -95,12 +96,9 @@ def _check_local(local: Any) -> None:
         elif types is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"local.{key}: expected true or false, found {value!r:.40}")
-        elif key == "thread_policy":
-            from trace_dspy.lm.threads import POLICIES
-
-            if value not in POLICIES:
-                raise ConfigError(f"local.thread_policy: expected one of {', '.join(POLICIES)}, found {value!r:.40}")
-        else:
+        elif key == "thread_policy" and value not in POLICIES:
+            raise ConfigError(f"local.thread_policy: expected one of {', '.join(POLICIES)}, found {value!r:.40}")
+        elif key != "thread_policy":
             inner = str if key == "quote_fields" else int
             ok = isinstance(value, dict) and len(value) <= 64 and all(
                 isinstance(k, str) and len(k) <= 128 and (isinstance(v, str) and len(v) <= 128 if inner is str
@@ -166,8 +164,6 @@ class LMSpec:
                 f"api_key_env must be the NAME of an environment variable, not {self.api_key_env[:4]!r}..."
             )
         if self.is_local and "thread_policy" not in self.local:  # recorded with the spec, chosen or not
-            from trace_dspy.lm.threads import DEFAULT_POLICY
-
             object.__setattr__(self, "local", {**self.local, "thread_policy": DEFAULT_POLICY})
         # The variable this spec reads its key from, and a password in its URL, are masked in every
         # message, row and trace from now on, whatever the variable is called.
