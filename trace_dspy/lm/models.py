@@ -45,8 +45,7 @@ def load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> LoadedModel:
             if not Path(path).is_file():
                 raise LocalModelError(f"model file not found: {path}")
             with plain_weight_buffers(llama_cpp):
-                # Flash attention: about 11% faster prompt reading and generation on two cores here
-                # (docs/results/latency.md).
+                # Flash attention: faster prompt reading and generation on the CPU, for every call.
                 llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
                                         n_threads_batch=n_threads, seed=seed, flash_attn=True, verbose=False)
             loaded = _MODELS[key] = LoadedModel(llama, threading.Lock(), OrderedDict(), *chat_formatters(llama))
