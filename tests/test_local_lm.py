@@ -257,9 +257,13 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
 
     dialogue = "Speaker: My roommate keeps eating my food."
     program = TraceProgram(ProgramConfig(best_of=1))
-    # Jump-forward reading off on both: it changes what the model goes on from (tested on its own).
-    plain, guarded = local_lm(cache=False, loop_guard=False, jump_forward=False), local_lm(cache=False,
-                                                                                          jump_forward=False)
+    # Jump-forward reading off on both: it changes what the model goes on from (tested on its own); no cap on
+    # the summary's length, which would end the loop before it shows.
+    from trace_dspy.lm.grammar import DEFAULT_TEXT_LIMITS
+
+    uncapped = {k: v for k, v in DEFAULT_TEXT_LIMITS.items() if k != "cause_summary"}
+    plain = local_lm(cache=False, loop_guard=False, jump_forward=False, text_limits=uncapped)
+    guarded = local_lm(cache=False, jump_forward=False, text_limits=uncapped)
     with dspy.context(lm=plain):
         looping = program(dialogue=dialogue)
     with dspy.context(lm=guarded):
