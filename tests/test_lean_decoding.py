@@ -154,7 +154,7 @@ def test_jump_forward_reads_fewer_passes_and_keeps_the_layout(local_model):
     counts = {}
     results = {}
     for jump in (False, True):
-        lm = local_lm(cache=False, jump_forward=jump)
+        lm = local_lm(cache=False, thread_policy="fixed", jump_forward=jump)
         with dspy.context(lm=lm):
             results[jump] = program(dialogue=dialogue, exemplars=[])
         counts[jump] = lm.engine.guard_counts.get("forced_reads", 0), lm.engine.stats
@@ -176,7 +176,7 @@ def test_a_reply_call_ends_after_its_sentence_with_the_same_words(local_model):
                 {"role": "assistant", "content": "That sounds"}]
     plain = OutputConstraint.plain_text("response", max_sentences=1)
     for temperature in (0.0, 1.0):
-        full_lm, cut_lm = local_lm(cache=False), local_lm(cache=False)
+        full_lm, cut_lm = local_lm(cache=False, thread_policy="fixed"), local_lm(cache=False, thread_policy="fixed")
         full = full_lm(messages=messages, max_tokens=40, temperature=temperature)[0]
         cut = cut_lm(messages=messages, max_tokens=40, temperature=temperature, **{CONSTRAINT_KWARG: plain})[0]
         from trace_dspy.lm.decoding import first_sentences
@@ -203,7 +203,7 @@ def test_a_state_saved_on_disk_gives_the_tokens_of_a_fresh_read(local_model, tmp
     dialogue = "Speaker: I lost my wallet on the bus."
 
     def answer(**settings):
-        lm = local_lm(cache=False, **settings)
+        lm = local_lm(cache=False, thread_policy="fixed", **settings)
         with dspy.context(lm=lm):
             pred = program(dialogue=dialogue, exemplars=[])
         engine = lm.engine
@@ -236,7 +236,7 @@ def test_a_continuation_from_the_shared_conversation_state_matches_a_fresh_read(
     def call(lm, prefill):
         return lm(messages=[*chat, {"role": "assistant", "content": prefill}], max_tokens=16, temperature=0.0)[0]
 
-    lm = local_lm(cache=False)
+    lm = local_lm(cache=False, thread_policy="fixed")
     engine = lm.engine
     model = load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed)
     together = [call(lm, p) for p in prefills]

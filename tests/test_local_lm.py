@@ -148,7 +148,7 @@ def test_models_load_without_extra_weight_buffers(local_model, monkeypatch):
 def smol(local_model):
     from trace_dspy.lm.specs import local_lm
 
-    return local_lm(cache=False)
+    return local_lm(cache=False, thread_policy="fixed")
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_deterministic_thread_safe_and_loaded_once(smol):
     with dspy.context(lm=smol):
         sequential = [program(dialogue=d).toDict() for d in dialogues]
     # A second engine with the same settings shares the loaded model.
-    other = local_lm(cache=False)
+    other = local_lm(cache=False, thread_policy="fixed")
     results: dict[int, dict] = {}
 
     def run(i):  # each dialogue once on each engine, all four at once
@@ -203,7 +203,7 @@ def test_deterministic_thread_safe_and_loaded_once(smol):
 def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
     from trace_dspy.lm.specs import local_lm
 
-    lm = local_lm(cache=False, prefix_cache=prefix_cache)
+    lm = local_lm(cache=False, thread_policy="fixed", prefix_cache=prefix_cache)
     program = TraceProgram(ProgramConfig(reasoning=(), best_of=1))  # greedy, as above
     dialogues = ["I lost my wallet on the bus.", "My niece was born this morning!"]
     with dspy.context(lm=lm):
@@ -235,8 +235,8 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     from trace_dspy.lm.specs import local_lm
 
     # The guard and jump-forward reading change answers on purpose (tested on their own).
-    fast = local_lm(cache=False, fast_greedy=True, loop_guard=False, jump_forward=False)
-    slow = local_lm(cache=False, fast_greedy=False)
+    fast = local_lm(cache=False, thread_policy="fixed", fast_greedy=True, loop_guard=False, jump_forward=False)
+    slow = local_lm(cache=False, thread_policy="fixed", fast_greedy=False)
     program = TraceProgram(ProgramConfig(best_of=1))  # greedy calls only: the fast path is for greedy decoding
     dialogues = [DIALOGUE, "I lost my wallet on the bus."]
     with dspy.context(lm=slow):
@@ -262,8 +262,8 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
     from trace_dspy.lm.grammar import DEFAULT_TEXT_LIMITS
 
     uncapped = {k: v for k, v in DEFAULT_TEXT_LIMITS.items() if k != "cause_summary"}
-    plain = local_lm(cache=False, loop_guard=False, jump_forward=False, text_limits=uncapped)
-    guarded = local_lm(cache=False, jump_forward=False, text_limits=uncapped)
+    plain = local_lm(cache=False, thread_policy="fixed", loop_guard=False, jump_forward=False, text_limits=uncapped)
+    guarded = local_lm(cache=False, thread_policy="fixed", jump_forward=False, text_limits=uncapped)
     with dspy.context(lm=plain):
         looping = program(dialogue=dialogue)
     with dspy.context(lm=guarded):
@@ -283,14 +283,14 @@ def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_mode
     from trace_dspy.lm.specs import local_lm
 
     def candidates():
-        lm = local_lm(cache=False)
+        lm = local_lm(cache=False, thread_policy="fixed")
         return [lm(messages=[{"role": "user", "content": "Say something kind to a friend who lost a game."}],
                    temperature=1.0, max_tokens=24)[0] for _ in range(4)]
 
     first = candidates()
     assert len(set(first)) >= 3
     assert candidates() == first  # a fresh engine draws the same sequence
-    greedy = local_lm(cache=False)
+    greedy = local_lm(cache=False, thread_policy="fixed")
     ask = [{"role": "user", "content": "Name a colour."}]
     assert greedy(messages=ask, temperature=0.0, max_tokens=8) == greedy(messages=ask, temperature=0.0, max_tokens=8)
 
@@ -303,8 +303,8 @@ def test_sampled_calls_keep_only_likely_tokens_and_the_setting_names_the_lm():
     with pytest.raises(ValueError, match="sample_min_p"):
         LlamaEngine(sample_min_p=1.0)
     # The setting changes sampled answers, so it is part of the LM's name (DSPy's cache key).
-    assert local_lm(cache=False).model == local_lm(cache=False, sample_min_p=SAMPLE_MIN_P).model
-    assert local_lm(cache=False, sample_min_p=0.05).model.endswith("+minp0.05")
+    assert local_lm(cache=False, thread_policy="fixed").model == local_lm(cache=False, thread_policy="fixed", sample_min_p=SAMPLE_MIN_P).model
+    assert local_lm(cache=False, thread_policy="fixed", sample_min_p=0.05).model.endswith("+minp0.05")
 
 
 @pytest.mark.slow
@@ -313,10 +313,10 @@ def test_min_p_reaches_llama_cpp(local_model):
     from trace_dspy.lm.specs import local_lm
 
     ask = [{"role": "user", "content": "Say something kind to a friend who lost a game."}]
-    greedy = local_lm(cache=False)(messages=ask, temperature=0.0, max_tokens=16)
-    narrow = local_lm(cache=False, sample_min_p=0.999)
+    greedy = local_lm(cache=False, thread_policy="fixed")(messages=ask, temperature=0.0, max_tokens=16)
+    narrow = local_lm(cache=False, thread_policy="fixed", sample_min_p=0.999)
     assert [narrow(messages=ask, temperature=1.0, max_tokens=16) for _ in range(2)] == [greedy, greedy]
-    wide = local_lm(cache=False, sample_min_p=0.0)
+    wide = local_lm(cache=False, thread_policy="fixed", sample_min_p=0.0)
     assert len({wide(messages=ask, temperature=1.0, max_tokens=16)[0] for _ in range(3)}) >= 2
 
 
@@ -326,7 +326,7 @@ def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     from trace_dspy.lm import engine as engine_module
     from trace_dspy.lm.specs import local_lm
 
-    lm = local_lm(cache=False)
+    lm = local_lm(cache=False, thread_policy="fixed")
     ask = [{"role": "system", "content": "You are kind."},
            {"role": "user", "content": "Say something kind to a friend who lost a game."}]
     lm(messages=ask, temperature=1.0, max_tokens=3)
@@ -365,7 +365,7 @@ def test_a_last_assistant_message_is_continued_as_a_prefill(local_model):
     server does, and return only what the model added."""
     from trace_dspy.lm.specs import local_lm
 
-    lm = local_lm(cache=False)
+    lm = local_lm(cache=False, thread_policy="fixed")
     chat = [{"role": "system", "content": "You are a caring friend."},
             {"role": "user", "content": "I failed my driving test again."}]
     continued = lm(messages=[*chat, {"role": "assistant", "content": "You must be feeling"}],
