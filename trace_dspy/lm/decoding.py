@@ -209,9 +209,14 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
                       "total_tokens": len(tokens) + len(out)}}
 
 
+def _ended(text: str) -> list:
+    """The sentences of ``text`` that end in sentence marks."""
+    return [s for s in sentence_spans(text) if s.marks]
+
+
 def first_sentences(text: str, count: int) -> str:
     """``text`` up to the end of its ``count``-th sentence (all of it when it has fewer complete ones)."""
-    done = [s for s in sentence_spans(text) if s.marks][:count]
+    done = _ended(text)[:count]
     return text[: done[-1].end] if len(done) == count else text
 
 
@@ -223,7 +228,7 @@ def sentence_stop(llama, prompt_tokens: int, count: int):
 
     def done(input_ids, _logits) -> bool:
         text = llama.detokenize(list(input_ids[prompt_tokens:])).decode("utf-8", errors="ignore")
-        ended = [s for s in sentence_spans(text) if s.marks]
+        ended = _ended(text)
         return len(ended) >= count and len(text) > ended[count - 1].end
 
     return import_llama().StoppingCriteriaList([done])

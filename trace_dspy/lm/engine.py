@@ -140,7 +140,6 @@ class LlamaEngine:
         self._grammar_lock = threading.Lock()
         self._sampled: dict[int, int] = {}
         self.stats = EngineStats()
-        self.last_threads = self.n_threads
 
     # -- settings, pickling, saving ---------------------------------------------
 
@@ -252,7 +251,7 @@ class LlamaEngine:
         model = self._model()
         with model.lock:
             llama = model.llama
-            self.last_threads = set_threads(model, self.thread_policy.threads())
+            set_threads(model, self.thread_policy.threads())
             full = model.formatter(messages=messages)
             tokens = llama.tokenize((full.prompt + prefill).encode("utf-8"), add_bos=not full.added_special,
                                     special=True)

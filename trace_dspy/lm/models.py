@@ -81,12 +81,11 @@ def chat_formatters(llama) -> tuple[Any, Any]:
             Jinja2ChatFormatter(template, eos, bos, add_generation_prompt=False))
 
 
-def set_threads(model: LoadedModel, threads: int) -> int:
+def set_threads(model: LoadedModel, threads: int) -> None:
     """Run the model's next calls on ``threads`` threads (prompt reading and generation alike)."""
-    if getattr(model, "threads", None) != threads:
+    if model.threads != threads:
         import_llama().llama_set_n_threads(model.llama._ctx.ctx, threads, threads)
         model.threads = threads
-    return threads
 
 
 def loaded_model_count() -> int:

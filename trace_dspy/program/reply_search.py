@@ -55,16 +55,15 @@ class ReplySearch:
         if more > 0 and max(t["best"][1] for t in tried.values()) < threshold:
             for plan in sorted(tried, key=lambda p: -tried[p]["best"][1]):
                 entry = tried[plan]
-                sampled = self._more_replies(predictor, entry["inputs"], entry["rewards"], more)
-                if sampled is not None and max(entry["rewards"][1:]) > entry["best"][1]:
-                    entry["best"] = (sampled, max(entry["rewards"][1:]))
+                entry["best"] = self._sample_better(predictor, entry["inputs"], entry["best"], entry["rewards"], more)
                 if entry["best"][1] >= threshold:
                     break
         plan = max(tried, key=lambda p: tried[p]["best"][1])  # the first of equals: the LM's own plan first
         state["strategy"] = plan[0]
         if "secondary_strategy" in inputs:
             state["secondary_strategy"] = plan[1]
-        state["plan_choice"] = [{"plan": "+".join(p), "reward": round(float(t["best"][1]), 4)} for p, t in tried.items()]
+        state["plan_choice"] = [{"plan": "+".join(p), "reward": round(float(t["best"][1]), 4)}
+                                for p, t in tried.items()]
         state["reply_rewards"] = [r for t in tried.values() for r in t["rewards"]]
         return tried[plan]["best"][0]
 
@@ -105,10 +104,16 @@ class ReplySearch:
         rewards = [reward]
         if reward >= self.config.best_of_threshold:
             return first, rewards
-        sampled = self._more_replies(predictor, inputs, rewards, self.best_of(dspy.settings.lm) - 1)
-        if sampled is None or len(rewards) == 1:  # every sampled attempt failed: keep the first reply
-            return first, rewards
-        return (sampled, rewards) if max(rewards[1:]) > rewards[0] else (first, rewards)
+        kept, _ = self._sample_better(predictor, inputs, (first, reward), rewards, self.best_of(dspy.settings.lm) - 1)
+        return kept, rewards
+
+    def _sample_better(self, predictor, inputs: dict, first: tuple, rewards: list[float], n: int) -> tuple:
+        """Up to ``n`` sampled candidates after the ``first`` (prediction, reward), whose reward is ``rewards[0]``;
+        the best sample replaces it only when it scores higher (every attempt failing keeps it)."""
+        sampled = self._more_replies(predictor, inputs, rewards, n)
+        if sampled is None or len(rewards) == 1 or max(rewards[1:]) <= first[1]:
+            return first
+        return sampled, max(rewards[1:])
 
     def _first_reply(self, predictor, inputs: dict) -> tuple[dspy.Prediction, float]:
         """The reply as configured (greedy on the embedded model) and its reward."""
