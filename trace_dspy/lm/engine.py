@@ -41,7 +41,7 @@ from trace_dspy.lm.grammar import (
     DEFAULT_QUOTE_FIELDS,
     DEFAULT_TEXT_LIMITS,
     call_options,
-    grammar_for_call,
+    constraint_grammar,
     prompt_constraint,
 )
 from trace_dspy.lm.model_files import default_model_path, import_llama
@@ -186,11 +186,16 @@ class LlamaEngine:
         carried = request_constraint(request)
         return carried if carried is not None else prompt_constraint(_system_text(request), user)
 
-    def _grammar(self, constraint: OutputConstraint | None) -> tuple[Any, str | None]:
+    def _options(self, constraint: OutputConstraint | None) -> tuple[dict, dict]:
+        """The call's verbatim quotes and candidate labels, read once for its grammar and its forcing."""
+        return call_options(constraint, quote_fields=self.quote_fields) if constraint is not None else ({}, {})
+
+    def _grammar(self, constraint: OutputConstraint | None, options: tuple[dict, dict]) -> tuple[Any, str | None]:
         """The compiled grammar for a call and its GBNF text, (None, None) when unconstrained."""
         if not self.constrained:
             return None, None
-        text = grammar_for_call(constraint, limits=self.text_limits, quote_fields=self.quote_fields)
+        quotes, choices = options
+        text = constraint_grammar(constraint, limits=self.text_limits, quotes=quotes, choices=choices)
         with self._grammar_lock:
             if text not in self._grammars:
                 grammar = None
@@ -247,7 +252,8 @@ class LlamaEngine:
     def _decode(self, messages: list[dict], prefill: str, kwargs: dict[str, Any],
                 constraint: OutputConstraint | None) -> dict:
         """Run one prompt on the model (greedy under a grammar on the fast path); a create_completion dict."""
-        grammar, grammar_text = self._grammar(constraint)
+        options = self._options(constraint)
+        grammar, grammar_text = self._grammar(constraint, options)
         model = self._model()
         with model.lock:
             llama = model.llama
@@ -269,7 +275,7 @@ class LlamaEngine:
                 free = frozenset(f.name for f in constraint.fields if f.kind == "text")
                 out = greedy(llama, tokens, grammar_text, kwargs["max_tokens"], stops,
                              loop_guard=self.loop_guard, stats=self.guard_counts, free_fields=free,
-                             forcing=self._forcing(constraint))
+                             forcing=self._forcing(constraint, options))
             else:
                 limit = constraint.max_sentences if constraint is not None and constraint.layout == "plain" else 0
                 out = llama.create_completion(prompt=tokens, grammar=grammar, **{**kwargs, "stop": stops},
@@ -281,11 +287,11 @@ class LlamaEngine:
                            time.perf_counter() - started, messages)
         return out
 
-    def _forcing(self, constraint: OutputConstraint) -> Forcing | None:
+    def _forcing(self, constraint: OutputConstraint, options: tuple[dict, dict]) -> Forcing | None:
         """What the call's grammar forces (see ``trace_dspy.lm.forcing``); None with ``jump_forward`` off."""
         if not self.jump_forward:
             return None
-        quotes, choices = call_options(constraint, quote_fields=self.quote_fields)
+        quotes, choices = options
         return Forcing(constraint, dict(self.text_limits), quotes, choices)
 
     def _sample_seed(self, messages: list[dict], temperature: float) -> int:
