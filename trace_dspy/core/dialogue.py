@@ -168,3 +168,10 @@ def split_exemplar(text: str) -> tuple[str, str] | None:
     """(dialogue, reply) of a formatted exemplar, or None if ``text`` is not one."""
     head, mark, reply = text.rpartition(_REPLY_MARK.strip())
     return (head.strip(), reply.strip()) if mark and head.strip() and reply.strip() else None
+
+
+def last_speaker_turn(dialogue) -> str | None:
+    """The text of the speaker's last turn, None when no turn is the speaker's; ValueError (from
+    ``parse_dialogue``) when ``dialogue`` is not a dialogue."""
+    said = [t.text for t in parse_dialogue(dialogue) if t.role != LISTENER]
+    return said[-1] if said else None

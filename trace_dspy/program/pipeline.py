@@ -394,10 +394,10 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
 
 def _last_exchange(hit):
     """An exemplar hit cut to the speaker's last turn (the reply follows it)."""
-    from trace_dspy.core.dialogue import SPEAKER, parse_dialogue
+    from trace_dspy.core.dialogue import SPEAKER, last_speaker_turn
 
     try:
-        turns = [t for t in parse_dialogue(hit["dialogue"]) if t.role == SPEAKER]
+        said = last_speaker_turn(hit["dialogue"])
     except ValueError:
         return hit
-    return {**hit, "dialogue": f"Speaker: {turns[-1].text}"} if turns else hit
+    return {**hit, "dialogue": f"{SPEAKER}: {said}"} if said else hit

@@ -115,7 +115,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
     def format(self, signature, demos, inputs):
         if not is_reply_signature(signature):
             return super().format(signature, demos, inputs)
-        from trace_dspy.core.dialogue import LISTENER, parse_dialogue, split_exemplar
+        from trace_dspy.core.dialogue import LISTENER, last_speaker_turn, parse_dialogue, split_exemplar
 
         # Compiled instructions are the writer's; the stock ones describe the field layout.
         instructions = textwrap.dedent(signature.instructions).strip()
@@ -134,11 +134,11 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
             pairs += [pair for pair in exemplars if pair is not None]
         for dialogue, reply in pairs:
             try:
-                said = [t.text for t in parse_dialogue(dialogue) if t.role != LISTENER]
+                said = last_speaker_turn(dialogue)
             except ValueError:  # not a dialogue: nothing to show
                 continue
             if said:
-                messages += [{"role": "user", "content": tidy_text(said[-1])},
+                messages += [{"role": "user", "content": tidy_text(said)},
                              {"role": "assistant", "content": tidy_text(reply)}]
         for turn in parse_dialogue(inputs["dialogue"]):
             messages.append({"role": "assistant" if turn.role == LISTENER else "user", "content": turn.text})
