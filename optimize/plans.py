@@ -19,7 +19,14 @@ dialogues, which further plans pay:
    gain is at least ``min_gain``, up to ``max_plans`` plans.
 
 The chosen plans are saved in the artifact's manifest (``reply_plans``) with
-the table they were chosen by. Every further plan costs one more reply (its
+the table they were chosen by.
+
+Step 1 also shows how the LM plans. When the LM is grammar-constrained (the
+embedded model) and it gave one plan on at least ``HABIT_SHARE`` of the
+dialogues, that plan is its habit (``planner_habit``): the program then takes
+it without calling the planner on such an LM (``planner = auto``), and the
+further plans race it as before. The habit's record keeps the count of every
+plan the LM gave. Every further plan costs one more reply (its
 Best-of-N candidates) per dialogue; the fit records the candidates it took.
 """
 
@@ -27,7 +34,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import dspy
@@ -42,6 +50,8 @@ MAX_PLANS = 2
 # An added plan must raise the mean training score by this much: every plan doubles a reply's cost.
 MIN_GAIN = 0.005
 MIN_ITEMS = 4
+# A constrained LM's plan is a habit when it gave it on this share of the training dialogues.
+HABIT_SHARE = 0.9
 
 
 @dataclass
@@ -58,6 +68,23 @@ class PlanFit:
     candidates: int
     failed: int
     seconds: float
+    lm_plans: dict[str, int] = field(default_factory=dict)  # the LM's own plan -> training dialogues
+    constrained: bool = False  # the fit ran on a grammar-constrained LM
+
+    @property
+    def habit(self) -> tuple[str, str] | None:
+        """The constrained LM's habitual plan: the one it gave on at least ``HABIT_SHARE`` of the dialogues."""
+        if not self.constrained or not self.lm_plans:
+            return None
+        top, count = max(self.lm_plans.items(), key=lambda kv: kv[1])
+        return tuple(top.split("+")) if count >= HABIT_SHARE * sum(self.lm_plans.values()) else None
+
+    def habit_record(self) -> dict[str, Any]:
+        """For the manifest's ``planner_habit`` table: the habit (or None) and the LM's plans it was read from."""
+        top, count = max(self.lm_plans.items(), key=lambda kv: kv[1]) if self.lm_plans else (None, 0)
+        return {"plan": "+".join(self.habit) if self.habit else None, "top": top, "count": count,
+                "items": sum(self.lm_plans.values()), "lm_plans": dict(self.lm_plans),
+                "min_share": HABIT_SHARE, "constrained": self.constrained}
 
     def record(self) -> dict[str, Any]:
         """For the manifest: the plans, the training scores before and after, and each option's numbers."""
@@ -92,6 +119,7 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
     base.reply_plans = ()
     fields = list(base.generate_response.signature.input_fields)
     table: list[dict[Any, tuple[float, float]]] = []
+    lm_plans: Counter[str] = Counter()
     replies = candidates = failed = 0
     log(f"plans: writing replies for {len(options)} plans on {len(trainset)} training dialogues")
     with progress(desc="plans", total=len(trainset), unit="dialogues") as phase:
@@ -106,6 +134,7 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
                 failed += 1
                 log(f"plans: a training dialogue failed ({type(exc).__name__}: {str(exc)[:120]}); skipped")
                 continue
+            lm_plans["+".join(own)] += 1
             written, tried, lost = _try_plans(base, example, first, inputs, options, own, metric, trials, log)
             replies += 1 + written
             candidates += len(rewards) + tried
@@ -119,7 +148,19 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
     plans, baseline, score, steps, rows = choose_plans(table, options, max_plans=max_plans, min_gain=min_gain)
     log(f"plans: {replies} replies on {len(table)} dialogues in {seconds:.0f} s; training score {baseline:.3f} "
         f"with the LM's plan, {score:.3f} with " + (", ".join("+".join(p) for p in plans) or "no further plan"))
-    return PlanFit(plans, baseline, score, steps, rows, len(table), replies, candidates, failed, seconds)
+    fit = PlanFit(plans, baseline, score, steps, rows, len(table), replies, candidates, failed, seconds,
+                  dict(lm_plans.most_common()), _constrained(base))
+    if fit.habit:
+        log(f"plans: the LM planned {'+'.join(fit.habit)} on {lm_plans['+'.join(fit.habit)]} of {len(table)} "
+            "dialogues: that habit stands in for the planner call on this LM")
+    return fit
+
+
+def _constrained(program) -> bool:
+    from trace_dspy.lm.adapters import is_constrained
+
+    lm = program._stage_lm("plan_strategy") or dspy.settings.lm
+    return lm is not None and is_constrained(lm)
 
 
 def _value(table: list[dict], plans: Sequence) -> float:
@@ -190,4 +231,4 @@ def choose_plans(table: list[dict], options: Sequence[tuple[str, str]], *, max_p
     return tuple(chosen), baseline, current, steps, rows
 
 
-__all__ = ["MAX_PLANS", "MIN_GAIN", "PLAN_OPTIONS", "PlanFit", "choose_plans", "fit_plans"]
+__all__ = ["HABIT_SHARE", "MAX_PLANS", "MIN_GAIN", "PLAN_OPTIONS", "PlanFit", "choose_plans", "fit_plans"]

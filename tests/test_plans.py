@@ -191,3 +191,104 @@ def test_the_compile_saves_the_plans_and_loading_restores_them(fake_models, tmp_
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="reply_plans"):
         trace_dspy.load("trace-dspy@v1")
+
+
+def constrained(monkeypatch, yes: bool = True):
+    """Make every LM count as grammar-constrained (the embedded model's kind) for the plan decisions."""
+    import trace_dspy.lm.adapters as adapters
+    import trace_dspy.program.pipeline as pipeline
+
+    monkeypatch.setattr(adapters, "is_constrained", lambda lm: yes)
+    monkeypatch.setattr(pipeline, "is_constrained", lambda lm: yes)
+
+
+def planner_counter(calls: list):
+    """The fake planner plans IP+EX and counts its calls; the writer says which plan it wrote for."""
+    write = writer()
+
+    def responder(outputs, inputs):
+        if "strategy" in outputs:
+            calls.append("planner")
+            return {"strategy": "IP", "secondary_strategy": "EX"}
+        return write(outputs, inputs)
+    return responder
+
+
+def test_a_fitted_habit_stands_in_for_the_planner_only_on_a_constrained_lm(monkeypatch):
+    calls: list = []
+    lm, _ = fake_lm(planner_counter(calls))
+    prog = program(reply_format="fields")
+    prog.planner_habit = "EX+ER"
+    prog.reward_fn = lambda inputs, pred: 0.5
+    with dspy.context(lm=lm):
+        out = prog(dialogue="Speaker: my exam went badly.")
+    assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP"  # not constrained: asked
+    constrained(monkeypatch)
+    calls.clear()
+    with dspy.context(lm=lm):
+        out = prog(dialogue="Speaker: my exam went badly.")
+    assert calls == [] and out.plan_path == "habit"
+    assert (out.strategy, out.secondary_strategy, out.response) == ("EX", "ER", "A reply for EX+ER.")
+    # planner = "lm" asks the LM even where a habit is fitted; no habit: asked.
+    asked = TraceProgram(ProgramConfig(prior_k=0, best_of=1, reply_format="fields", planner="lm"),
+                         parts=prog.parts)
+    asked.reward_fn = prog.reward_fn
+    for other in (asked, prog.with_parts(planner_habit=None)):
+        calls.clear()
+        with dspy.context(lm=lm):
+            out = other(dialogue="Speaker: my exam went badly.")
+        assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP"
+    # The further plans still race the habit.
+    prog.reply_plans = ["ER+ER"]
+    prog.reward_fn = prefers("ER+ER")
+    with dspy.context(lm=lm):
+        out = prog(dialogue="Speaker: my exam went badly.")
+    assert [t["plan"] for t in out.reply_plans] == ["EX+ER", "ER+ER"] and out.strategy == "ER"
+    with pytest.raises(ValueError, match="not a pair"):
+        prog.planner_habit = "EX"
+
+
+def test_the_fit_finds_a_habit_only_for_a_constrained_lm_that_plans_alike(monkeypatch):
+    lm, _ = fake_lm(writer(), strategy="IP", secondary_strategy="EX")
+    prog = program(reply_format="fields")
+    prog.reward_fn = prefers("EX+EX")
+    with dspy.context(lm=lm):
+        fit = fit_plans(prog, examples(), prefers("EX+EX"))
+    assert fit.lm_plans == {"IP+EX": 4} and fit.habit is None  # an LM that is not constrained keeps its planner
+    constrained(monkeypatch)
+    with dspy.context(lm=lm):
+        fit = fit_plans(prog, examples(), prefers("EX+EX"))
+    assert fit.habit == ("IP", "EX")
+    assert fit.habit_record() == {"plan": "IP+EX", "top": "IP+EX", "count": 4, "items": 4,
+                                  "lm_plans": {"IP+EX": 4}, "min_share": 0.9, "constrained": True}
+    # A planner that varies has no habit: 9 of 10 is one, 8 of 10 is not.
+    from trace_dspy.optimize.plans import PlanFit
+
+    def fit_with(counts):
+        return PlanFit((), 0, 0, [], [], 10, 0, 0, 0, 0.0, counts, True)
+    assert fit_with({"IP+IP": 9, "ER+EX": 1}).habit == ("IP", "IP")
+    assert fit_with({"IP+IP": 8, "ER+EX": 2}).habit is None
+    assert fit_with({"IP+IP": 8, "ER+EX": 2}).habit_record()["plan"] is None
+
+
+def test_the_compile_saves_the_habit_and_loading_restores_it(fake_models, tmp_path, capsys, monkeypatch):
+    from trace_dspy.cli.compile import main
+    from trace_dspy.cli.inspect_artifact import main as inspect
+
+    constrained(monkeypatch)
+    (tmp_path / "one.toml").write_text("[program]\nbest_of = 1\nprior_k = 0\nreply_format = \"fields\"\n")
+    argv = ["--config", "one.toml", "--optimizer", "labeled", "--train", "4", "--dev", "2", "--no-mlflow"]
+    assert main([*argv, "--plan-items", "4"]) == 0
+    path = tmp_path / "artifacts/trace-dspy/v0001/manifest.json"
+    manifest = json.loads(path.read_text())
+    assert manifest["planner_habit"]["plan"] == "IP+EX" and manifest["planner_habit"]["lm_plans"] == {"IP+EX": 4}
+    assert trace_dspy.load("trace-dspy@v1").planner_habit == ("IP", "EX")
+    capsys.readouterr()
+    assert inspect(["trace-dspy@v1"]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  planner")]
+    assert shown == ["  planner     IP+EX without a call on the embedded model (its plan on 4 of 4 training "
+                     "dialogues); asked elsewhere"]
+    manifest["planner_habit"]["plan"] = "IP+XX"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="planner_habit"):
+        trace_dspy.load("trace-dspy@v1")

@@ -21,6 +21,7 @@ from trace_dspy.core.stages import (  # the stage registry
 
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold")
+PLANNER_CHOICES: tuple[str, ...] = ("auto", "lm")
 MAX_PRIOR_K = 8
 MAX_BEST_OF = 8
 # best_of = "auto" on the embedded model: +0.058 [+0.031, +0.088] composite over one reply on 50 ED items.
@@ -151,6 +152,13 @@ class ProgramConfig:
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
         where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
+    planner: how the plan stage decides. ``auto`` (the default): where the
+        artifact holds a fitted planner habit (a compile found that the
+        grammar-constrained embedded model gave one plan on nearly every
+        training dialogue, see trace_dspy.optimize.plans) and the LM is such a
+        model, the habit is the plan and the planner is not called; the further
+        reply plans still race it. Everywhere else the LM plans. ``lm``: the LM
+        always plans. Artifacts without a habit behave the same under both.
     reply_exemplars: in the chat and scaffold layouts, show the writer the retrieved
         exemplars (the nearest conversations of the pool, filtered by the
         emotion's group) as earlier chat turns, so that a small model answers
@@ -166,6 +174,7 @@ class ProgramConfig:
     prior_k: int | str = "auto"
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
+    planner: str = "auto"
     reply_exemplars: bool = True
     retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
     commonsense: bool = False
@@ -192,6 +201,8 @@ class ProgramConfig:
         if isinstance(self.best_of_threshold, bool) or not isinstance(self.best_of_threshold, (int, float)) \
                 or not 0 <= self.best_of_threshold <= 1:
             raise ConfigError(f"best_of_threshold must be a number in [0, 1], not {self.best_of_threshold!r}")
+        if self.planner not in PLANNER_CHOICES:
+            raise ConfigError(f"planner must be one of {', '.join(PLANNER_CHOICES)}, not {self.planner!r}")
         if not isinstance(self.reply_exemplars, bool):
             raise ConfigError(f"reply_exemplars must be true or false, not {self.reply_exemplars!r}")
         if not isinstance(self.reflection_rounds, int) or not 1 <= self.reflection_rounds <= 5:
@@ -216,8 +227,8 @@ class ProgramConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
                 "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
-                "best_of_threshold": self.best_of_threshold, "reply_exemplars": self.reply_exemplars,
-                "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
+                "best_of_threshold": self.best_of_threshold, "planner": self.planner,
+                "reply_exemplars": self.reply_exemplars, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 
     @classmethod

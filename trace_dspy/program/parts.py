@@ -5,7 +5,9 @@ Each kind of part is one ``FittedPart`` subclass, listed once in ``PARTS``:
 - ``retrieval``: the exemplar index (``index/``) the plan and reply stages retrieve from;
 - ``emotion_prior``: the emotion classifier (``emotion_prior.npz``) that offers the emotion stage candidates;
 - ``reply_openers``: the scaffolded reply's fitted openers (kept in the manifest);
-- ``reply_plans``: the further reply plans a reply is written for (kept in the manifest).
+- ``reply_plans``: the further reply plans a reply is written for (kept in the manifest);
+- ``planner_habit``: the plan a constrained LM's planner gave on nearly every training dialogue, which then
+  stands in for the planner call on such an LM (kept in the manifest).
 
 A part's name is its manifest table (its record: how it was fitted, and the
 value itself for parts small enough to keep there) and its ``TraceProgram``
@@ -222,8 +224,38 @@ class ReplyPlans(ManifestPart):
                 f"{_num(record.get('score'))} on {record.get('items')} dialogues")
 
 
+class PlannerHabit(ManifestPart):
+    """The (primary, secondary) plan a constrained LM's planner gave on nearly every training dialogue; None:
+    the planner is asked."""
+
+    name, label, field = "planner_habit", "planner", "plan"
+
+    @classmethod
+    def check(cls, value):
+        from trace_dspy.core.labels import check_plans
+
+        if value is None:
+            return None
+        plans = check_plans([value])
+        if len(plans) != 1:
+            raise ValueError(f"plan {value!r} is not one (primary, secondary) pair")
+        return plans[0]
+
+    @classmethod
+    def describe(cls, record, program) -> str:
+        """Whether the planner is asked, with the share of training dialogues the habit was seen on."""
+        if record.get("items") is None:
+            return "asked (no habit fitted)"
+        seen = f"{record.get('count')} of {record.get('items')} training dialogues"
+        if not record.get("plan"):
+            return f"asked (its most frequent plan, {record.get('top')}, on {seen}: no habit)"
+        if program.get("planner", "auto") != "auto":
+            return f"asked (planner = {program.get('planner')}; habit {record['plan']} on {seen})"
+        return f"{record['plan']} without a call on the embedded model (its plan on {seen}); asked elsewhere"
+
+
 # The registry: every kind of fitted part, in the order they are loaded and shown.
-PARTS: tuple[type[FittedPart], ...] = (RetrievalIndex, EmotionPriorPart, ReplyOpeners, ReplyPlans)
+PARTS: tuple[type[FittedPart], ...] = (RetrievalIndex, EmotionPriorPart, ReplyOpeners, ReplyPlans, PlannerHabit)
 
 
 def part_names() -> tuple[str, ...]:

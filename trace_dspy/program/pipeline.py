@@ -160,6 +160,24 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
     def reply_plans(self, plans) -> None:
         self._use_parts(self._parts.replace(reply_plans=plans))
 
+    @property
+    def planner_habit(self) -> tuple[str, str] | None:
+        """The plan a constrained LM's planner gave on nearly every training dialogue (see ``planner_path``)."""
+        return self._parts["planner_habit"]
+
+    @planner_habit.setter
+    def planner_habit(self, plan) -> None:
+        self._use_parts(self._parts.replace(planner_habit=plan))
+
+    def planner_path(self, lm=None) -> str:
+        """Which way the plan is decided for ``lm``: ``habit`` (the fitted habit, no LM call) or ``lm``."""
+        predictor = getattr(self, "plan_strategy", None)
+        if (self.config.planner == "auto" and self.planner_habit is not None and predictor is not None
+                and lm is not None and is_constrained(lm)
+                and list(predictor.signature.output_fields) == ["strategy", "secondary_strategy"]):
+            return "habit"
+        return "lm"
+
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
         unknown = set(stage_lms) - set(STAGES)
         if unknown:
@@ -323,6 +341,8 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             outputs["audits"] = self._reflect(pipeline, state, outputs)
         if "reply_rewards" in state:
             outputs["reply_rewards"] = state["reply_rewards"]
+        if "plan_path" in state:
+            outputs["plan_path"] = state["plan_path"]
         outputs["emotion_group"] = ekman_group(outputs["emotion"])
         return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
 
@@ -382,6 +402,10 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         inputs = {name: state[name] for name in predictor.signature.input_fields}
         if stage == "recognize_emotion" and state.get("prior_label"):
             return dspy.Prediction(emotion=state["prior_label"])
+        if stage == "plan_strategy":
+            state["plan_path"] = self.planner_path(self._stage_lm(stage) or dspy.settings.lm)
+            if state["plan_path"] == "habit":  # the fitted habit stands in for the planner call
+                return dspy.Prediction(strategy=self.planner_habit[0], secondary_strategy=self.planner_habit[1])
         with self._stage_context(stage):
             if stage == "generate_response" and self.reply_plans and "strategy" in inputs:
                 return self._plan_replies(predictor, inputs, state)

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 STAGE_FIELDS = (
     "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
-    "strategy", "secondary_strategy",
+    "plan_path", "strategy", "secondary_strategy",
 )
 
 

@@ -53,7 +53,8 @@ from trace_dspy.store.traces import tracing as record_traces
 from trace_dspy.workflows.settings import Settings
 
 PREDICTION_FIELDS = ("emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
-                     "strategy", "secondary_strategy", "response", "emotion_path", "reply_rewards", "reply_plans")
+                     "strategy", "secondary_strategy", "response", "emotion_path", "plan_path", "reply_rewards",
+                     "reply_plans")
 # Below this many finished examples the failure rate is too noisy to stop on.
 MIN_EXAMPLES_FOR_FAILURE_STOP = 10
 
