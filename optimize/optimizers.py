@@ -217,7 +217,7 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
 
     With ``plan_items`` > 0 the further reply plans are chosen next, on that
     many training dialogues (trace_dspy.optimize.plans); the result carries
-    ``reply_plans`` and ``plan_fit``, and ``planner_habit`` and ``habit_fit``.
+    ``reply_plans`` and ``plan_fit``, and ``first_plan`` and ``first_plan_fit``.
     """
     if not trainset:
         raise ConfigError("the training set is empty")
@@ -238,10 +238,10 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
         from trace_dspy.optimize.plans import fit_plans
 
         plan_fit = fit_plans(program, list(trainset)[:cfg.plan_items], metric, log=log)
-        if plan_fit is not None and (plan_fit.plans or plan_fit.habit):
+        if plan_fit is not None and (plan_fit.plans or plan_fit.first_plan):
             program = program.deepcopy()
             program.reply_plans = plan_fit.plans
-            program.planner_habit = plan_fit.habit
+            program.first_plan = plan_fit.first_plan
     with optimizer_progress(cfg) as phase, counting_dspy_calls(phase):
         compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
     if fit is not None:  # an optimizer that rebuilds the program must not lose them
@@ -249,9 +249,9 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
         compiled.opener_fit = fit.record()
     if plan_fit is not None:
         compiled.reply_plans = plan_fit.plans
-        compiled.planner_habit = plan_fit.habit
+        compiled.first_plan = plan_fit.first_plan
         compiled.plan_fit = plan_fit.record()
-        compiled.habit_fit = plan_fit.habit_record()
+        compiled.first_plan_fit = plan_fit.first_plan_record()
     # Optimizers reset predictor LMs; TraceProgram keeps stage LMs outside its predictors,
     # but a foreign module may not: put them back if the copy lost them.
     if hasattr(program, "stage_lms") and hasattr(compiled, "set_stage_lms") and not compiled.stage_lms:

@@ -21,13 +21,15 @@ dialogues, which further plans pay:
 The chosen plans are saved in the artifact's manifest (``reply_plans``) with
 the table they were chosen by.
 
-Step 1 also shows how the LM plans. When the LM is grammar-constrained (the
-embedded model) and it gave one plan on at least ``HABIT_SHARE`` of the
-dialogues, that plan is its habit (``planner_habit``): the program then takes
-it without calling the planner on such an LM (``planner = auto``), and the
-further plans race it as before. The habit's record keeps the count of every
-plan the LM gave. Every further plan costs one more reply (its
-Best-of-N candidates) per dialogue; the fit records the candidates it took.
+The same table answers whether the planner call pays at all. Every option was
+written for every dialogue, so the fit also chooses ``max_plans`` + 1 plans
+from the options alone, greedily by the same rule, as if no LM had planned.
+When the LM is grammar-constrained (the embedded model) and that race scores
+within ``MIN_GAIN`` of the race that starts from the LM's plan (a planner call
+must earn what a further plan must), its first plan becomes the program's
+``first_plan``: on such an LM the planner is not called and the reply race
+starts from that plan, then the rest. The record keeps both scores and the
+count of every plan the LM gave.
 """
 
 from __future__ import annotations
@@ -50,8 +52,6 @@ MAX_PLANS = 2
 # An added plan must raise the mean training score by this much: every plan doubles a reply's cost.
 MIN_GAIN = 0.005
 MIN_ITEMS = 4
-# A constrained LM's plan is a habit when it gave it on this share of the training dialogues.
-HABIT_SHARE = 0.9
 
 
 @dataclass
@@ -70,28 +70,27 @@ class PlanFit:
     seconds: float
     lm_plans: dict[str, int] = field(default_factory=dict)  # the LM's own plan -> training dialogues
     constrained: bool = False  # the fit ran on a grammar-constrained LM
-
-    @property
-    def habit(self) -> tuple[str, str] | None:
-        """The constrained LM's habitual plan: the one it gave on at least ``HABIT_SHARE`` of the dialogues."""
-        if not self.constrained or not self.lm_plans:
-            return None
-        top, count = max(self.lm_plans.items(), key=lambda kv: kv[1])
-        return tuple(top.split("+")) if count >= HABIT_SHARE * sum(self.lm_plans.values()) else None
-
-    def habit_record(self) -> dict[str, Any]:
-        """For the manifest's ``planner_habit`` table: the habit (or None) and the LM's plans it was read from."""
-        top, count = max(self.lm_plans.items(), key=lambda kv: kv[1]) if self.lm_plans else (None, 0)
-        return {"plan": "+".join(self.habit) if self.habit else None, "top": top, "count": count,
-                "items": sum(self.lm_plans.values()), "lm_plans": dict(self.lm_plans),
-                "min_share": HABIT_SHARE, "constrained": self.constrained}
+    first_plan: tuple[str, str] | None = None  # the race's first plan in place of a planner call; None: ask
+    planless: tuple[tuple[str, str], ...] = ()  # the plans chosen without the LM's plan
+    planless_score: float | None = None  # mean metric score of that race
 
     def record(self) -> dict[str, Any]:
-        """For the manifest: the plans, the training scores before and after, and each option's numbers."""
-        return {"plans": ["+".join(p) for p in self.plans], "baseline": round(self.baseline, 4),
-                "score": round(self.score, 4), "steps": self.steps, "options": self.options,
-                "items": self.items, "replies": self.replies, "candidates": self.candidates,
-                "failed": self.failed, "seconds": round(self.seconds, 1)}
+        """For the manifest: the plans (and the first plan, where the planner is not asked), the training scores
+        before and after, and each option's numbers."""
+        return {"plans": ["+".join(p) for p in self.plans],
+                "first_plan": "+".join(self.first_plan) if self.first_plan else None,
+                "baseline": round(self.baseline, 4), "score": round(self.score, 4), "steps": self.steps,
+                "options": self.options, "items": self.items, "replies": self.replies,
+                "candidates": self.candidates, "failed": self.failed, "seconds": round(self.seconds, 1)}
+
+    def first_plan_record(self) -> dict[str, Any]:
+        """For the manifest's ``first_plan`` table: the plan (or None), both races' training scores, and the
+        LM's own plans."""
+        return {"plan": "+".join(self.first_plan) if self.first_plan else None,
+                "planless": ["+".join(p) for p in self.planless],
+                "score_with_planner": round(self.score, 4),
+                "score_without": None if self.planless_score is None else round(self.planless_score, 4),
+                "items": self.items, "lm_plans": dict(self.lm_plans), "constrained": self.constrained}
 
 
 def _plan_of(pred) -> tuple[str, str]:
@@ -148,11 +147,14 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
     plans, baseline, score, steps, rows = choose_plans(table, options, max_plans=max_plans, min_gain=min_gain)
     log(f"plans: {replies} replies on {len(table)} dialogues in {seconds:.0f} s; training score {baseline:.3f} "
         f"with the LM's plan, {score:.3f} with " + (", ".join("+".join(p) for p in plans) or "no further plan"))
-    fit = PlanFit(plans, baseline, score, steps, rows, len(table), replies, candidates, failed, seconds,
-                  dict(lm_plans.most_common()), _constrained(base))
-    if fit.habit:
-        log(f"plans: the LM planned {'+'.join(fit.habit)} on {lm_plans['+'.join(fit.habit)]} of {len(table)} "
-            "dialogues: that habit stands in for the planner call on this LM")
+    planless, planless_score = choose_planless(table, options, max_plans=max_plans, min_gain=min_gain)
+    constrained = _constrained(base)
+    first = planless[0] if constrained and planless and planless_score >= score - min_gain else None
+    fit = PlanFit(planless[1:] if first else plans, baseline, score, steps, rows, len(table), replies, candidates,
+                  failed, seconds, dict(lm_plans.most_common()), constrained, first, planless, planless_score)
+    log(f"plans: without the planner's plan, {', '.join('+'.join(p) for p in planless)} score {planless_score:.3f}"
+        + (f": the race starts from {'+'.join(first)} and the planner is not called on this LM" if first
+           else "; the planner stays"))
     return fit
 
 
@@ -161,6 +163,15 @@ def _constrained(program) -> bool:
 
     lm = program._stage_lm("plan_strategy") or dspy.settings.lm
     return lm is not None and is_constrained(lm)
+
+
+def choose_planless(table: list[dict], options: Sequence[tuple[str, str]], *, max_plans: int = MAX_PLANS,
+                    min_gain: float = MIN_GAIN) -> tuple[tuple[tuple[str, str], ...], float]:
+    """The race without the LM's plan: up to ``max_plans`` + 1 plans of ``options``, chosen greedily as
+    ``choose_plans`` does, and its mean metric score. A dialogue without a reply for any chosen plan scores 0."""
+    blank = [{**t, "lm": (float("-inf"), 0.0)} for t in table]
+    plans, _, score, _, _ = choose_plans(blank, options, max_plans=max_plans + 1, min_gain=min_gain)
+    return plans, score
 
 
 def _value(table: list[dict], plans: Sequence) -> float:
@@ -231,4 +242,4 @@ def choose_plans(table: list[dict], options: Sequence[tuple[str, str]], *, max_p
     return tuple(chosen), baseline, current, steps, rows
 
 
-__all__ = ["HABIT_SHARE", "MAX_PLANS", "MIN_GAIN", "PLAN_OPTIONS", "PlanFit", "choose_plans", "fit_plans"]
+__all__ = ["MAX_PLANS", "MIN_GAIN", "PLAN_OPTIONS", "PlanFit", "choose_planless", "choose_plans", "fit_plans"]

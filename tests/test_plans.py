@@ -11,7 +11,7 @@ from conftest import offline_workdir
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import check_plans
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
-from trace_dspy.optimize.plans import choose_plans, fit_plans
+from trace_dspy.optimize.plans import choose_planless, choose_plans, fit_plans
 import trace_dspy
 from trace_dspy.store.artifacts import ArtifactError
 from trace_dspy.testing.fakes import fake_lm
@@ -214,11 +214,11 @@ def planner_counter(calls: list):
     return responder
 
 
-def test_a_fitted_habit_stands_in_for_the_planner_only_on_a_constrained_lm(monkeypatch):
+def test_a_fitted_first_plan_replaces_the_planner_only_on_a_constrained_lm(monkeypatch):
     calls: list = []
     lm, _ = fake_lm(planner_counter(calls))
     prog = program(reply_format="fields")
-    prog.planner_habit = "EX+ER"
+    prog.first_plan = "EX+ER"
     prog.reward_fn = lambda inputs, pred: 0.5
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
@@ -227,51 +227,61 @@ def test_a_fitted_habit_stands_in_for_the_planner_only_on_a_constrained_lm(monke
     calls.clear()
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
-    assert calls == [] and out.plan_path == "habit"
+    assert calls == [] and out.plan_path == "fitted"
     assert (out.strategy, out.secondary_strategy, out.response) == ("EX", "ER", "A reply for EX+ER.")
-    # planner = "lm" asks the LM even where a habit is fitted; no habit: asked.
+    # planner = "lm" asks the LM even where a first plan is fitted; none fitted: asked.
     asked = TraceProgram(ProgramConfig(prior_k=0, best_of=1, reply_format="fields", planner="lm"),
                          parts=prog.parts)
     asked.reward_fn = prog.reward_fn
-    for other in (asked, prog.with_parts(planner_habit=None)):
+    for other in (asked, prog.with_parts(first_plan=None)):
         calls.clear()
         with dspy.context(lm=lm):
             out = other(dialogue="Speaker: my exam went badly.")
         assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP"
-    # The further plans still race the habit.
+    # The further plans race it.
     prog.reply_plans = ["ER+ER"]
     prog.reward_fn = prefers("ER+ER")
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
     assert [t["plan"] for t in out.reply_plans] == ["EX+ER", "ER+ER"] and out.strategy == "ER"
     with pytest.raises(ValueError, match="not a pair"):
-        prog.planner_habit = "EX"
+        prog.first_plan = "EX"
 
 
-def test_the_fit_finds_a_habit_only_for_a_constrained_lm_that_plans_alike(monkeypatch):
+def test_the_fit_drops_the_planner_only_for_a_constrained_lm_when_its_plan_does_not_pay(monkeypatch):
+    # The LM plans IP+EX; the metric and the reward like EX+EX replies.
     lm, _ = fake_lm(writer(), strategy="IP", secondary_strategy="EX")
     prog = program(reply_format="fields")
     prog.reward_fn = prefers("EX+EX")
     with dspy.context(lm=lm):
         fit = fit_plans(prog, examples(), prefers("EX+EX"))
-    assert fit.lm_plans == {"IP+EX": 4} and fit.habit is None  # an LM that is not constrained keeps its planner
+    assert fit.lm_plans == {"IP+EX": 4} and fit.first_plan is None and fit.plans == (("EX", "EX"),)
+    assert fit.planless[0] == ("EX", "EX") and fit.planless_score == pytest.approx(0.9)  # it would not lose
     constrained(monkeypatch)
     with dspy.context(lm=lm):
         fit = fit_plans(prog, examples(), prefers("EX+EX"))
-    assert fit.habit == ("IP", "EX")
-    assert fit.habit_record() == {"plan": "IP+EX", "top": "IP+EX", "count": 4, "items": 4,
-                                  "lm_plans": {"IP+EX": 4}, "min_share": 0.9, "constrained": True}
-    # A planner that varies has no habit: 9 of 10 is one, 8 of 10 is not.
-    from trace_dspy.optimize.plans import PlanFit
+    assert fit.first_plan == ("EX", "EX") and fit.plans == fit.planless[1:]
+    record = fit.first_plan_record()
+    assert record["plan"] == "EX+EX" and record["lm_plans"] == {"IP+EX": 4} and record["constrained"] is True
+    assert record["score_without"] == record["score_with_planner"] == 0.9
+    # Where the LM's own plan is the good one and no option is it, the planner stays.
+    lm, _ = fake_lm(writer(), strategy="EX", secondary_strategy="IP")
+    prog.reward_fn = prefers("EX+IP")
+    with dspy.context(lm=lm):
+        fit = fit_plans(prog, examples(), prefers("EX+IP"))
+    assert fit.first_plan is None and fit.score == pytest.approx(0.9) and fit.planless_score == pytest.approx(0.4)
 
-    def fit_with(counts):
-        return PlanFit((), 0, 0, [], [], 10, 0, 0, 0, 0.0, counts, True)
-    assert fit_with({"IP+IP": 9, "ER+EX": 1}).habit == ("IP", "IP")
-    assert fit_with({"IP+IP": 8, "ER+EX": 2}).habit is None
-    assert fit_with({"IP+IP": 8, "ER+EX": 2}).habit_record()["plan"] is None
+
+def test_choose_planless_races_the_options_alone():
+    # The LM's plan wins both dialogues by metric; without it, ER+EX then EX+EX are the best race.
+    table = [{"lm": (0.9, 1.0), ("ER", "EX"): (0.8, 0.9), ("EX", "EX"): (0.2, 0.1)},
+             {"lm": (0.9, 1.0), ("ER", "EX"): (0.4, 0.3), ("EX", "EX"): (0.6, 0.7)}]
+    plans, score = choose_planless(table, [("ER", "EX"), ("EX", "EX")], max_plans=1, min_gain=0.01)
+    assert plans == (("ER", "EX"), ("EX", "EX")) and score == pytest.approx(0.8)
+    assert choose_plans(table, [("ER", "EX"), ("EX", "EX")], max_plans=1, min_gain=0.01)[2] == pytest.approx(1.0)
 
 
-def test_the_compile_saves_the_habit_and_loading_restores_it(fake_models, tmp_path, capsys, monkeypatch):
+def test_the_compile_saves_the_first_plan_and_loading_restores_it(fake_models, tmp_path, capsys, monkeypatch):
     from trace_dspy.cli.compile import main
     from trace_dspy.cli.inspect_artifact import main as inspect
 
@@ -281,14 +291,20 @@ def test_the_compile_saves_the_habit_and_loading_restores_it(fake_models, tmp_pa
     assert main([*argv, "--plan-items", "4"]) == 0
     path = tmp_path / "artifacts/trace-dspy/v0001/manifest.json"
     manifest = json.loads(path.read_text())
-    assert manifest["planner_habit"]["plan"] == "IP+EX" and manifest["planner_habit"]["lm_plans"] == {"IP+EX": 4}
-    assert trace_dspy.load("trace-dspy@v1").planner_habit == ("IP", "EX")
+    first = manifest["first_plan"]
+    assert first["plan"] == first["planless"][0] and first["lm_plans"] == {"IP+EX": 4} and first["constrained"]
+    assert manifest["reply_plans"]["first_plan"] == first["plan"]
+    assert manifest["reply_plans"]["plans"] == first["planless"][1:]  # the race's rest, not the LM-first choice
+    loaded = trace_dspy.load("trace-dspy@v1")
+    assert loaded.first_plan == check_plans([first["plan"]])[0]
+    assert loaded.reply_plans == check_plans(first["planless"][1:])
     capsys.readouterr()
     assert inspect(["trace-dspy@v1"]) == 0
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  planner")]
-    assert shown == ["  planner     IP+EX without a call on the embedded model (its plan on 4 of 4 training "
-                     "dialogues); asked elsewhere"]
-    manifest["planner_habit"]["plan"] = "IP+XX"
+    assert shown == [f"  planner     not asked on the embedded model, the race starts from {first['plan']} (training "
+                     f"score {first['score_without']:.3f} without its plan, {first['score_with_planner']:.3f} with "
+                     "it, on 4 dialogues); asked elsewhere"]
+    manifest["first_plan"]["plan"] = "IP+XX"
     path.write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="planner_habit"):
+    with pytest.raises(ArtifactError, match="first_plan"):
         trace_dspy.load("trace-dspy@v1")

@@ -153,12 +153,12 @@ class ProgramConfig:
         where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
     planner: how the plan stage decides. ``auto`` (the default): where the
-        artifact holds a fitted planner habit (a compile found that the
-        grammar-constrained embedded model gave one plan on nearly every
-        training dialogue, see trace_dspy.optimize.plans) and the LM is such a
-        model, the habit is the plan and the planner is not called; the further
-        reply plans still race it. Everywhere else the LM plans. ``lm``: the LM
-        always plans. Artifacts without a habit behave the same under both.
+        artifact holds a fitted ``first_plan`` (a compile found that, on the
+        grammar-constrained embedded model, racing fitted plans without the
+        planner's plan scored as well; see trace_dspy.optimize.plans) and the LM
+        is such a model, the planner is not called and the reply race starts
+        from that plan. Everywhere else the LM plans. ``lm``: the LM always
+        plans. Artifacts without a first plan behave the same under both.
     reply_exemplars: in the chat and scaffold layouts, show the writer the retrieved
         exemplars (the nearest conversations of the pool, filtered by the
         emotion's group) as earlier chat turns, so that a small model answers

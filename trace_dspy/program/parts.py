@@ -6,8 +6,8 @@ Each kind of part is one ``FittedPart`` subclass, listed once in ``PARTS``:
 - ``emotion_prior``: the emotion classifier (``emotion_prior.npz``) that offers the emotion stage candidates;
 - ``reply_openers``: the scaffolded reply's fitted openers (kept in the manifest);
 - ``reply_plans``: the further reply plans a reply is written for (kept in the manifest);
-- ``planner_habit``: the plan a constrained LM's planner gave on nearly every training dialogue, which then
-  stands in for the planner call on such an LM (kept in the manifest).
+- ``first_plan``: the plan a constrained LM's reply race starts from in place of a planner call, where the
+  compile found that call did not pay (kept in the manifest).
 
 A part's name is its manifest table (its record: how it was fitted, and the
 value itself for parts small enough to keep there) and its ``TraceProgram``
@@ -220,15 +220,19 @@ class ReplyPlans(ManifestPart):
         if record.get("items") is None:
             return "the LM's plan only (not fitted)"
         chosen = ", ".join(record.get("plans") or []) or "none"
+        if record.get("first_plan"):
+            return (f"{record['first_plan']} (no planner call on the embedded model) + {chosen}; with the LM's "
+                    f"plan first, training score {_num(record.get('baseline'))} -> {_num(record.get('score'))} "
+                    f"on {record.get('items')} dialogues")
         return (f"the LM's plan + {chosen}: training score {_num(record.get('baseline'))} -> "
                 f"{_num(record.get('score'))} on {record.get('items')} dialogues")
 
 
-class PlannerHabit(ManifestPart):
-    """The (primary, secondary) plan a constrained LM's planner gave on nearly every training dialogue; None:
-    the planner is asked."""
+class FirstPlan(ManifestPart):
+    """The (primary, secondary) plan a constrained LM's reply race starts from in place of a planner call (the
+    further plans follow); None: the planner is asked."""
 
-    name, label, field = "planner_habit", "planner", "plan"
+    name, label, field = "first_plan", "planner", "plan"
 
     @classmethod
     def check(cls, value):
@@ -243,19 +247,20 @@ class PlannerHabit(ManifestPart):
 
     @classmethod
     def describe(cls, record, program) -> str:
-        """Whether the planner is asked, with the share of training dialogues the habit was seen on."""
+        """Whether the planner is asked, with the training scores of the races with and without its plan."""
         if record.get("items") is None:
-            return "asked (no habit fitted)"
-        seen = f"{record.get('count')} of {record.get('items')} training dialogues"
+            return "asked (not fitted)"
+        scores = (f"training score {_num(record.get('score_without'))} without its plan, "
+                  f"{_num(record.get('score_with_planner'))} with it, on {record.get('items')} dialogues")
         if not record.get("plan"):
-            return f"asked (its most frequent plan, {record.get('top')}, on {seen}: no habit)"
+            return f"asked ({scores})"
         if program.get("planner", "auto") != "auto":
-            return f"asked (planner = {program.get('planner')}; habit {record['plan']} on {seen})"
-        return f"{record['plan']} without a call on the embedded model (its plan on {seen}); asked elsewhere"
+            return f"asked (planner = {program.get('planner')}; {scores})"
+        return f"not asked on the embedded model, the race starts from {record['plan']} ({scores}); asked elsewhere"
 
 
 # The registry: every kind of fitted part, in the order they are loaded and shown.
-PARTS: tuple[type[FittedPart], ...] = (RetrievalIndex, EmotionPriorPart, ReplyOpeners, ReplyPlans, PlannerHabit)
+PARTS: tuple[type[FittedPart], ...] = (RetrievalIndex, EmotionPriorPart, ReplyOpeners, ReplyPlans, FirstPlan)
 
 
 def part_names() -> tuple[str, ...]:

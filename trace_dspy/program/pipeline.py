@@ -161,21 +161,21 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         self._use_parts(self._parts.replace(reply_plans=plans))
 
     @property
-    def planner_habit(self) -> tuple[str, str] | None:
-        """The plan a constrained LM's planner gave on nearly every training dialogue (see ``planner_path``)."""
-        return self._parts["planner_habit"]
+    def first_plan(self) -> tuple[str, str] | None:
+        """The plan a constrained LM's reply race starts from in place of a planner call (see ``planner_path``)."""
+        return self._parts["first_plan"]
 
-    @planner_habit.setter
-    def planner_habit(self, plan) -> None:
-        self._use_parts(self._parts.replace(planner_habit=plan))
+    @first_plan.setter
+    def first_plan(self, plan) -> None:
+        self._use_parts(self._parts.replace(first_plan=plan))
 
     def planner_path(self, lm=None) -> str:
-        """Which way the plan is decided for ``lm``: ``habit`` (the fitted habit, no LM call) or ``lm``."""
+        """Which way the plan is decided for ``lm``: ``fitted`` (``first_plan``, no LM call) or ``lm``."""
         predictor = getattr(self, "plan_strategy", None)
-        if (self.config.planner == "auto" and self.planner_habit is not None and predictor is not None
+        if (self.config.planner == "auto" and self.first_plan is not None and predictor is not None
                 and lm is not None and is_constrained(lm)
                 and list(predictor.signature.output_fields) == ["strategy", "secondary_strategy"]):
-            return "habit"
+            return "fitted"
         return "lm"
 
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
@@ -404,8 +404,8 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             return dspy.Prediction(emotion=state["prior_label"])
         if stage == "plan_strategy":
             state["plan_path"] = self.planner_path(self._stage_lm(stage) or dspy.settings.lm)
-            if state["plan_path"] == "habit":  # the fitted habit stands in for the planner call
-                return dspy.Prediction(strategy=self.planner_habit[0], secondary_strategy=self.planner_habit[1])
+            if state["plan_path"] == "fitted":  # the compile found the planner call did not pay
+                return dspy.Prediction(strategy=self.first_plan[0], secondary_strategy=self.first_plan[1])
         with self._stage_context(stage):
             if stage == "generate_response" and self.reply_plans and "strategy" in inputs:
                 return self._plan_replies(predictor, inputs, state)

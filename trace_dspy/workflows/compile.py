@@ -301,11 +301,11 @@ def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run
         command=cfg.command,
         champion=ev.champion,
     )
-    # The openers, plans and planner habit the optimizer fitted come with the records of their fits
+    # The openers, plans and first plan the optimizer fitted come with the records of their fits
     # (trace_dspy.optimize.openers, .plans); the index and the prior are saved as files.
     fitted = ev.compiled.parts.with_records(reply_openers=getattr(ev.compiled, "opener_fit", None),
                                             reply_plans=getattr(ev.compiled, "plan_fit", None),
-                                            planner_habit=getattr(ev.compiled, "habit_fit", None))
+                                            first_plan=getattr(ev.compiled, "first_plan_fit", None))
     extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
     return artifacts.write_artifact(ev.compiled, manifest, name=cfg.name, root=cfg.artifacts_dir, parts=fitted,
                                     extra_files=extra_files)
