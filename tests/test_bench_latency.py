@@ -210,7 +210,7 @@ def test_a_timed_out_run_is_killed_and_reported_and_the_other_phases_are_kept(tm
     monkeypatch.setattr(latency, "default_commands", lambda options: FakeCommands(options, tmp_path / "pids"))
     out = tmp_path / "out"
     argv = ["latency", "--output-dir", str(out), "--no-mlflow", "--timeout", "2", "--message", "slow please",
-            "--competing", "1", "--repeats", "1", "--program", "trace-dspy@v5"]
+            "--competing", "1", "--repeats", "1", "--program", "trace-dspy@v6"]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "2 run(s) failed" in err and "contention, 0 competing, round 1: timed out after 2 s" in err
@@ -231,9 +231,9 @@ def test_a_timed_out_run_is_killed_and_reported_and_the_other_phases_are_kept(tm
 
 
 def test_the_real_command_lines():
-    options = LatencyOptions(program="trace-dspy@v5", config="my.toml")
+    options = LatencyOptions(program="trace-dspy@v6", config="my.toml")
     commands = Commands(options, python="py")
-    assert commands.respond("I lost my keys.") == ["py", "-m", "trace_dspy.respond", "--program", "trace-dspy@v5",
+    assert commands.respond("I lost my keys.") == ["py", "-m", "trace_dspy.respond", "--program", "trace-dspy@v6",
                                                    "--config", "my.toml", "I lost my keys."]
     assert commands.respond("-oops")[-2:] == ["--", "-oops"]
     assert commands.respond_batch("in.jsonl", "out.jsonl")[-4:] == ["--input", "in.jsonl", "--output", "out.jsonl"]

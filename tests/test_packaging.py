@@ -167,7 +167,7 @@ def test_the_installed_wheel_runs_the_packaged_default_from_any_directory(wheel,
     assert site.is_relative_to(venv) and not site.is_relative_to(REPO)
     assert loaded["reply"] == "That is great news!"
     assert loaded["stages"][:3] == ["recognize_emotion", "analyze_cause", "plan_strategy"]
-    assert "running the compiled program shipped in the package (trace-dspy@v5)" in probe.stderr
+    assert "running the compiled program shipped in the package (trace-dspy@v6)" in probe.stderr
     assert loaded["hint"] == f'pip install "{wheel}[embed]"'  # not the checkout's pip install -e ".[embed]"
 
     helped = run(script, "--help")
@@ -175,12 +175,12 @@ def test_the_installed_wheel_runs_the_packaged_default_from_any_directory(wheel,
     assert all(f"  {name} " in helped.stdout for name in ("respond", "chat", "compile", "evaluate", "inspect"))
     shown = run(script, "inspect", site / "default_program")
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.startswith("trace-dspy@v5")
+    assert shown.stdout.startswith("trace-dspy@v6")
 
     answered = run(python, "fake_cli.py", "trace_dspy.cli.main", "respond", "I failed my driving test again.")
     assert answered.returncode == 0, answered.stderr
     assert answered.stdout.strip() == "heard: I failed my driving test again."
-    assert "running the compiled program shipped in the package (trace-dspy@v5)" in answered.stderr
+    assert "running the compiled program shipped in the package (trace-dspy@v6)" in answered.stderr
 
     # a package without its program data falls back to the uncompiled program, and says so
     shutil.rmtree(site / "default_program")

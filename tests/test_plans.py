@@ -223,6 +223,7 @@ def test_a_fitted_first_plan_replaces_the_planner_only_on_a_constrained_lm(monke
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
     assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP"  # not constrained: asked
+    assert [t["plan"] for t in out.reply_plans] == ["IP+EX", "EX+ER"]  # and the fitted first plan races it
     constrained(monkeypatch)
     calls.clear()
     with dspy.context(lm=lm):

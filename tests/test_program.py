@@ -196,7 +196,7 @@ def test_a_loaded_program_runs_on_the_lm_dspy_holds():
     import trace_dspy
 
     configured_lm, configured = fake_lm(response="From the configured model.")
-    program = trace_dspy.load("trace-dspy@v5")  # recorded on the embedded model, which must not be called
+    program = trace_dspy.load("trace-dspy@v6")  # recorded on the embedded model, which must not be called
     with dspy.context(lm=configured_lm):
         pred = program(dialogue="I failed my driving test again.")
     assert pred.response == "From the configured model."

@@ -402,8 +402,8 @@ def test_a_batch_survives_every_kind_of_bad_line_and_keeps_finished_ones(tmp_pat
             assert record["response"].startswith("heard: "), record
         else:
             assert record["error"].startswith(f"{src}:{record['line']}: ") and reason in record["error"], record
-    # Three stage calls and three replies per answered line: the shipped default (trace-dspy@v5) writes a reply
-    # for the planner's plan and for each of its two further plans.
+    # Three stage calls and three replies per answered line: the shipped default (trace-dspy@v6) writes a reply
+    # for the planner's plan and for each of its two fitted plans.
     assert "3 answered now" in capsys.readouterr().err and len(engine.calls) == 3 * (3 + 3)
     # A rerun keeps the answered lines and retries only the failed ones (which fail again, before any model call).
     before = out.read_text(encoding="utf-8")

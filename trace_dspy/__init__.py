@@ -35,7 +35,7 @@ def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str
         A ``TraceProgram``; call it with ``dialogue=...``.
 
     Example:
-        >>> program = trace_dspy.load("trace-dspy@v5")
+        >>> program = trace_dspy.load("trace-dspy@v6")
         >>> program(dialogue="Speaker: I failed my driving test again.").response
     """
     from trace_dspy.workflows.loading import default_reference, load_for_run

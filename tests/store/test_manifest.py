@@ -16,7 +16,7 @@ from trace_dspy.store.inspection import open_artifact, summary
 from trace_dspy.store.manifest import MIGRATIONS, SCHEMA_VERSION, Manifest, migrate
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((REPO / "artifacts/trace-dspy").glob("v000[1-5]"))
+SHIPPED = sorted((REPO / "artifacts/trace-dspy").glob("v000[1-6]"))
 
 # What each shipped manifest's program settings read as once migrated: v0001 predates the reply layouts,
 # the prior and Best-of-N; v0002 predates the chat writer's exemplars; later ones record every setting.
@@ -26,6 +26,7 @@ EXPECTED_PROGRAM = {
     "v0003": {"reply_format": "auto", "prior_k": 5, "best_of": "auto", "reply_exemplars": True},
     "v0004": {"reply_format": "auto", "prior_k": "auto", "best_of": "auto", "reply_exemplars": True},
     "v0005": {"reply_format": "auto", "prior_k": "auto", "best_of": "auto", "reply_exemplars": True},
+    "v0006": {"reply_format": "auto", "prior_k": "auto", "best_of": "auto", "reply_exemplars": True},
 }
 
 

@@ -169,6 +169,12 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
     def first_plan(self, plan) -> None:
         self._use_parts(self._parts.replace(first_plan=plan))
 
+    def race_plans(self) -> tuple[tuple[str, str], ...]:
+        """The fitted plans a reply is written for besides the planner's: the first plan, then the further ones.
+        Where the first plan replaces the planner call it is the planner's plan, and is written for once."""
+        first = self.first_plan
+        return tuple(dict.fromkeys([*([first] if first else []), *self.reply_plans]))
+
     def planner_path(self, lm=None) -> str:
         """Which way the plan is decided for ``lm``: ``fitted`` (``first_plan``, no LM call) or ``lm``."""
         predictor = getattr(self, "plan_strategy", None)
@@ -407,7 +413,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             if state["plan_path"] == "fitted":  # the compile found the planner call did not pay
                 return dspy.Prediction(strategy=self.first_plan[0], secondary_strategy=self.first_plan[1])
         with self._stage_context(stage):
-            if stage == "generate_response" and self.reply_plans and "strategy" in inputs:
+            if stage == "generate_response" and self.race_plans() and "strategy" in inputs:
                 return self._plan_replies(predictor, inputs, state)
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
                 result, rewards = self._best_reply(predictor, inputs)

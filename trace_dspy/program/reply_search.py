@@ -28,8 +28,8 @@ class ReplySearch:
         return result, reward, [reward]
 
     def _plan_replies(self, predictor, inputs: dict, state: dict):
-        """Replies for the LM's plan and each fitted further plan, in two rounds; the best by reward is kept,
-        and its plan becomes the program's.
+        """Replies for the LM's plan (or the fitted first plan in its place) and each fitted plan, in two
+        rounds; the best by reward is kept, and its plan becomes the program's.
 
         First every plan gets its first reply. Only when none of them reaches ``best_of_threshold`` are more
         candidates sampled (Best-of-N as configured), plan by plan from the one whose first reply scored best,
@@ -38,7 +38,7 @@ class ReplySearch:
         """
         own = (inputs["strategy"], inputs.get("secondary_strategy", inputs["strategy"]))
         tried: dict[tuple[str, str], dict] = {}
-        for number, plan in enumerate(dict.fromkeys([own, *self.reply_plans])):
+        for number, plan in enumerate(dict.fromkeys([own, *self.race_plans()])):
             plan_inputs = self._plan_inputs(inputs, plan)
             with spans.span(f"plan {'+'.join(plan)}", inputs={"strategy": plan[0], "secondary_strategy": plan[1]}) \
                     as sp:
