@@ -161,7 +161,7 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
 def _constrained(program) -> bool:
     from trace_dspy.lm.adapters import is_constrained
 
-    lm = program._stage_lm("plan_strategy") or dspy.settings.lm
+    lm = program.lm_for("plan_strategy")
     return lm is not None and is_constrained(lm)
 
 

@@ -193,13 +193,13 @@ def test_the_compile_saves_the_plans_and_loading_restores_them(fake_models, tmp_
         trace_dspy.load("trace-dspy@v1")
 
 
-def constrained(monkeypatch, yes: bool = True):
+def constrained(monkeypatch):
     """Make every LM count as grammar-constrained (the embedded model's kind) for the plan decisions."""
     import trace_dspy.lm.adapters as adapters
     import trace_dspy.program.pipeline as pipeline
 
-    monkeypatch.setattr(adapters, "is_constrained", lambda lm: yes)
-    monkeypatch.setattr(pipeline, "is_constrained", lambda lm: yes)
+    monkeypatch.setattr(adapters, "is_constrained", lambda lm: True)
+    monkeypatch.setattr(pipeline, "is_constrained", lambda lm: True)
 
 
 def planner_counter(calls: list):

@@ -269,8 +269,9 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             return AUTO_PRIOR_K["constrained" if lm is not None and is_constrained(lm) else "other"]
         return self.config.prior_k
 
-    def _emotion_lm(self):
-        return self._stage_lm("recognize_emotion") or dspy.settings.lm
+    def lm_for(self, stage: str):
+        """The LM ``stage`` runs on now: its own (see ``_stage_lm``), else the one DSPy holds; None: neither."""
+        return self._stage_lm(stage) or dspy.settings.lm
 
     def _prior_decides(self, lm) -> bool:
         """One candidate, a grammar that could only write it, and no other output: no LM call is needed."""
@@ -300,7 +301,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
 
     def emotion_candidates(self, dialogue: str) -> tuple[list[tuple[str, float]], str]:
         """The prior's candidates with their probabilities (none without a usable prior) and the path taken."""
-        lm = self._emotion_lm()
+        lm = self.lm_for("recognize_emotion")
         path = self.emotion_path(lm)
         if not path.startswith("prior"):
             return [], path
@@ -381,7 +382,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                                 inputs={"dialogue": state["dialogue"], "emotion": state.get("emotion")}) as sp:
                     # A constrained small model reads exemplars cut to their last exchange: the planner's
                     # prompt is the longest the program reads per dialogue.
-                    lm = self._stage_lm("plan_strategy") or dspy.settings.lm
+                    lm = self.lm_for("plan_strategy")
                     state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"),
                                                        last_turn=lm is not None and is_constrained(lm))
                     sp.set_outputs(state["exemplars"])
@@ -409,7 +410,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         if stage == "recognize_emotion" and state.get("prior_label"):
             return dspy.Prediction(emotion=state["prior_label"])
         if stage == "plan_strategy":
-            state["plan_path"] = self.planner_path(self._stage_lm(stage) or dspy.settings.lm)
+            state["plan_path"] = self.planner_path(self.lm_for(stage))
             if state["plan_path"] == "fitted":  # the compile found the planner call did not pay
                 return dspy.Prediction(strategy=self.first_plan[0], secondary_strategy=self.first_plan[1])
         with self._stage_context(stage):
