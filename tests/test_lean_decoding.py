@@ -207,7 +207,7 @@ def test_a_state_saved_on_disk_gives_the_tokens_of_a_fresh_read(local_model, tmp
         with dspy.context(lm=lm):
             pred = program(dialogue=dialogue, exemplars=[])
         engine = lm.engine
-        load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed).states.clear()
+        load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed, engine.flash_attn).states.clear()
         return pred.toDict()
 
     fresh = answer(state_files=False)
@@ -220,6 +220,25 @@ def test_a_state_saved_on_disk_gives_the_tokens_of_a_fresh_read(local_model, tmp
     for path in (tmp_path / "llama-states").glob("*.state"):
         path.write_bytes(path.read_bytes()[:100])
     assert answer() == fresh
+
+
+def test_the_attention_kernel_is_a_recorded_setting_and_keeps_its_own_saved_states(local_model, tmp_path):
+    """Flash attention lays the KV cache out differently: a state saved with it must never be restored into a
+    context without it, and the setting travels with the engine's saved settings."""
+    from trace_dspy.lm.engine import LlamaEngine
+    from trace_dspy.lm.specs import _check_local
+    from trace_dspy.lm.state_files import StateFiles
+
+    tokens = [1, 2, 3, 4]
+    with_fa = StateFiles(tmp_path, str(local_model), 512, flash_attn=True).path(tokens)
+    without = StateFiles(tmp_path, str(local_model), 512, flash_attn=False).path(tokens)
+    assert with_fa != without
+    engine = LlamaEngine(local_model, flash_attn=True)
+    assert LlamaEngine.load_state(engine.dump_state()).flash_attn is True
+    assert LlamaEngine(local_model).flash_attn is False  # the default: faster generation on long contexts
+    _check_local({"flash_attn": True})
+    with pytest.raises(Exception, match="flash_attn"):
+        _check_local({"flash_attn": "yes"})
 
 
 @pytest.mark.slow
@@ -238,7 +257,7 @@ def test_a_continuation_from_the_shared_conversation_state_matches_a_fresh_read(
 
     lm = local_lm(cache=False, thread_policy="fixed")
     engine = lm.engine
-    model = load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed)
+    model = load_model(str(engine.resolved_path()), engine.n_ctx, engine.n_threads, engine.seed, engine.flash_attn)
     together = [call(lm, p) for p in prefills]
     alone = []
     for prefill in prefills:

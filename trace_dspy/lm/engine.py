@@ -107,6 +107,7 @@ class LlamaEngine:
         sample_min_p: float = SAMPLE_MIN_P,
         jump_forward: bool = True,
         state_files: bool = True,
+        flash_attn: bool = False,
     ):
         self.model_path = str(model_path) if model_path else None
         self.n_ctx = int(n_ctx)
@@ -135,6 +136,10 @@ class LlamaEngine:
         self.jump_forward = bool(jump_forward)
         # The state after a stage's system message is kept on disk for the next process (trace_dspy.lm.state_files).
         self.state_files = bool(state_files)
+        # llama.cpp's flash attention reads a prompt about 15% faster on these CPUs, but each generated token
+        # then costs more the longer the context: 17-18 ms at 500 tokens against 9-10 ms without it (two
+        # cores, docs/results/latency.md). The program generates most of its tokens one at a time, so off.
+        self.flash_attn = bool(flash_attn)
         self.guard_counts: dict[str, int] = {}
         self._grammars: dict[Any, Any] = {}
         self._grammar_lock = threading.Lock()
@@ -151,7 +156,7 @@ class LlamaEngine:
             "max_states": self.max_states, "default_max_tokens": self.default_max_tokens,
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
             "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard, "sample_min_p": self.sample_min_p,
-            "jump_forward": self.jump_forward, "state_files": self.state_files,
+            "jump_forward": self.jump_forward, "state_files": self.state_files, "flash_attn": self.flash_attn,
         }
 
     def __getstate__(self):
@@ -174,7 +179,7 @@ class LlamaEngine:
         return Path(self.model_path) if self.model_path else default_model_path()
 
     def _model(self) -> LoadedModel:
-        return load_model(str(self.resolved_path()), self.n_ctx, self.n_threads, self.seed)
+        return load_model(str(self.resolved_path()), self.n_ctx, self.n_threads, self.seed, self.flash_attn)
 
     def warm_up(self) -> None:
         """Load the model now rather than on the first call."""
@@ -394,7 +399,7 @@ class LlamaEngine:
             return None
         folder = env.cache_dir("llama-states")  # read at each use: the cache folder may be changed in-process
         if model.files is None or model.files.folder != folder:
-            model.files = StateFiles(folder, str(self.resolved_path()), self.n_ctx)
+            model.files = StateFiles(folder, str(self.resolved_path()), self.n_ctx, self.flash_attn)
         return model.files
 
     def stream(self, request):

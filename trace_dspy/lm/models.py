@@ -36,8 +36,8 @@ _MODELS: dict[tuple, LoadedModel] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> LoadedModel:
-    key = (path, n_ctx, n_threads)
+def load_model(path: str, n_ctx: int, n_threads: int, seed: int, flash_attn: bool = False) -> LoadedModel:
+    key = (path, n_ctx, n_threads, bool(flash_attn))
     with _MODELS_LOCK:
         loaded = _MODELS.get(key)
         if loaded is None:
@@ -45,9 +45,10 @@ def load_model(path: str, n_ctx: int, n_threads: int, seed: int) -> LoadedModel:
             if not Path(path).is_file():
                 raise LocalModelError(f"model file not found: {path}")
             with plain_weight_buffers(llama_cpp):
-                # Flash attention: faster prompt reading and generation on the CPU, for every call.
+                # flash_attn: see LlamaEngine (its KV layout differs, so it is part of the key).
                 llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
-                                        n_threads_batch=n_threads, seed=seed, flash_attn=True, verbose=False)
+                                        n_threads_batch=n_threads, seed=seed, flash_attn=bool(flash_attn),
+                                        verbose=False)
             loaded = _MODELS[key] = LoadedModel(llama, threading.Lock(), OrderedDict(), *chat_formatters(llama))
             if len(_MODELS) == 1:
                 atexit.register(_close_models)

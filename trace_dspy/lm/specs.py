@@ -68,7 +68,7 @@ LOCAL_SETTINGS: dict[str, tuple] = {
     "n_ctx": (int, 16, 131_072), "n_threads": ((int, type(None)), 1, 256), "seed": (int, 0, 2**32 - 1),
     "max_states": (int, 0, 1024), "default_max_tokens": (int, 1, 131_072), "sample_min_p": ((int, float), 0.0, 0.99),
     "constrained": (bool,), "prefix_cache": (bool,), "fast_greedy": (bool,), "loop_guard": (bool,),
-    "jump_forward": (bool,), "state_files": (bool,), "quote_fields": (dict,), "text_limits": (dict,),
+    "jump_forward": (bool,), "state_files": (bool,), "flash_attn": (bool,), "quote_fields": (dict,), "text_limits": (dict,),
     "thread_policy": (str,)}
 
 

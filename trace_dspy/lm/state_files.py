@@ -3,7 +3,7 @@
 A stage's system message (its instructions, field list and format) is the same for every dialogue. The engine
 keeps the llama.cpp state after it in memory (``trace_dspy.lm.models``); this folder keeps it across processes.
 A state is stored under a hash of what it depends on (model file, its size and modification time, the
-llama-cpp-python version, the context size and the prompt tokens) and restored only if the tokens stored with
+llama-cpp-python version, the context size, the attention kernel and the prompt tokens) and restored only if the tokens stored with
 it match the prompt exactly. Files are written whole (temporary name, then rename); at most ``MAX_FILES`` are
 kept, the least recently used go first. A damaged or unreadable file is ignored and the prefix read again.
 
@@ -29,13 +29,13 @@ _HEADER = struct.Struct("<8sQQ")  # magic, token count, state bytes
 class StateFiles:
     """One model's saved prefix states in a folder."""
 
-    def __init__(self, folder: str | os.PathLike, model_path: str, n_ctx: int):
+    def __init__(self, folder: str | os.PathLike, model_path: str, n_ctx: int, flash_attn: bool = False):
         import llama_cpp
 
         self.folder = Path(folder)
         stat = Path(model_path).stat()
         self._identity = f"{Path(model_path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{n_ctx}|" \
-                         f"{getattr(llama_cpp, '__version__', '?')}"
+                         f"{getattr(llama_cpp, '__version__', '?')}|fa={int(bool(flash_attn))}"
 
     def path(self, tokens: list[int]) -> Path:
         digest = hashlib.sha256(self._identity.encode() + np.asarray(tokens, np.int32).tobytes()).hexdigest()
