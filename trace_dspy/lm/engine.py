@@ -137,7 +137,7 @@ class LlamaEngine:
         # The state after a stage's system message is kept on disk for the next process (trace_dspy.lm.state_files).
         self.state_files = bool(state_files)
         # llama.cpp's flash attention reads a prompt about 15% faster on these CPUs, but each generated token
-        # then costs more the longer the context: 17-18 ms at 500 tokens against 9-10 ms without it (two
+        # then costs more the longer the context: 16-20 ms at 500 tokens against 8-10 ms without it (two
         # cores, docs/results/latency.md). The program generates most of its tokens one at a time, so off.
         self.flash_attn = bool(flash_attn)
         self.guard_counts: dict[str, int] = {}
