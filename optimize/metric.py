@@ -92,6 +92,10 @@ class MetricConfig:
     # Relevance (the learned P(fits), or cosine with a caller's embedder) below this scales the
     # score down (relevance / floor); 0 turns that off.
     relevance_floor: float = 0.4
+    # The tone head's agreement of a reply with the valence of the predicted emotion (optimize.tone) below
+    # this scales the score down (tone / floor); 0 (the evaluation's default) only reports it. The reply
+    # reward sets it from the program's ``tone_floor``.
+    tone_floor: float = 0.0
     # Batch level: collapsed when fewer than this share of replies are distinct ...
     min_distinct: float = 0.6
     # ... or when Dist-2 falls to this share of the reference's (the program it replaces) or below.
@@ -101,7 +105,8 @@ class MetricConfig:
         weights = self.weights()
         if any(w < 0 for w in weights.values()) or not sum(weights.values()) > 0:
             raise ConfigError(f"metric weights must be >= 0 with a positive sum, got {weights}")
-        for name in ("group_credit", "threshold", "copy_f1", "relevance_floor", "min_distinct", "dist2_ratio"):
+        for name in ("group_credit", "threshold", "copy_f1", "relevance_floor", "tone_floor", "min_distinct",
+                     "dist2_ratio"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"metric {name} must be in [0, 1], got {getattr(self, name)}")
         if self.similarity_kind not in ("auto", "semantic", "token_f1"):
@@ -120,7 +125,7 @@ class MetricConfig:
         return from_table(cls, data, "metric")
 
 
-COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded")
+COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded", "tone")
 
 # Every key of an evaluation summary (trace_dspy.workflows.evaluation.summarize), in display order. Some are
 # there only when their inputs are: gold emotions, gold replies, the embedder, a judge, Best-of-N, timed rows.
@@ -132,6 +137,9 @@ SUMMARY_KEYS = (
     "similarity", "judge", "judge_emotional_reaction", "judge_interpretation", "judge_exploration",
     "judge_relevance", "judge_fluency",
     "copied_rate", "parrot_rate", "emotion_acc", "group_acc",
+    # the tone head: mean agreement with the predicted emotion's valence ("tone", a component), and the share
+    # of replies whose tone is on the side of the gold emotion's valence
+    "tone", "tone_agreement",
     # against the gold replies, then diversity and length of the replies
     "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length",
     # cost per dialogue, and what 1,000 dialogues would cost on a hosted LM (only when prices are given)
@@ -167,7 +175,7 @@ HEADLINE_KEYS = summary_keys("empathy", "collapsed", "distinct_replies", "empath
 DELTA_KEYS = summary_keys("empathy", "emotion_acc", "group_acc", "similarity", "rules")
 # Compared between systems example by example, with paired bootstrap intervals.
 PAIRED_KEYS = summary_keys("empathy", "empathy_learned", "strategy_fit", "emotion_acc", "group_acc", "emotion",
-                           "rules", "similarity", "relevance", "token_f1", "rouge_l")
+                           "rules", "similarity", "relevance", "token_f1", "rouge_l", "tone_agreement")
 
 
 @dataclass
@@ -217,7 +225,7 @@ class EmpathyMetric:
     name = "empathy"
 
     def __init__(self, config: MetricConfig | None = None, *, judge=None, embedder=_UNSET, scorer=_UNSET,
-                 relevance=_UNSET, copy_sources: Iterable[str] = (), reply_guards: bool = False):
+                 relevance=_UNSET, tone=_UNSET, copy_sources: Iterable[str] = (), reply_guards: bool = False):
         self.config = config or MetricConfig()
         # The reply reward's extra guards (a first-person run or an opening "my ..." of the speaker's
         # words, a repeat of the listener's own earlier turn): they steer a small writer's candidates,
@@ -255,6 +263,15 @@ class EmpathyMetric:
 
                 relevance = shared_relevance()
         self.relevance = relevance
+        if tone is _UNSET:  # like the relevance head: with the default embedder
+            tone = None
+            if default_embedder and embedder is not None:
+                from trace_dspy.optimize.tone import shared_tone
+
+                tone = shared_tone()
+        if tone is None and self.config.tone_floor > 0:
+            raise ConfigError("the metric's tone_floor is above 0 but the tone head cannot run (no embedder)")
+        self.tone = tone
         if scorer is None and (self.config.empathy > 0 or self.config.strategy_fit > 0):
             from trace_dspy.optimize.empathy import NO_EMBED
 
@@ -285,6 +302,7 @@ class EmpathyMetric:
         parts = {"config": self.config.to_dict(), "similarity": self.similarity_kind,
                  "empathy": (self.scorer.meta.get("dev_table") if self.scorer is not None else None),
                  "relevance": (self.relevance.meta.get("dev_table") if self.relevance is not None else None),
+                 "tone": (self.tone.meta.get("dev_table") if self.tone is not None else None),
                  "copy_sources": hashlib.sha256("\x00".join(self.copy_sources).encode()).hexdigest(),
                  **({"reply_guards": True} if self.reply_guards else {})}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -341,12 +359,21 @@ class EmpathyMetric:
               and components["relevance"] is not None and components["relevance"] < cfg.relevance_floor):
             grounded = components["relevance"] / cfg.relevance_floor
         components["grounded"] = grounded
+        toned = 1.0
+        if self.tone is not None:
+            from trace_dspy.core.openers import emotion_valence
+            from trace_dspy.optimize.tone import agreement as tone_agreement
+
+            details["tone_pleasant"] = self.tone.pleasant(reply)
+            components["tone"] = tone_agreement(details["tone_pleasant"], emotion_valence(predicted))
+            if cfg.tone_floor > 0 and components["tone"] is not None and components["tone"] < cfg.tone_floor:
+                toned = components["tone"] / cfg.tone_floor
         if cfg.judge > 0:
             judged = self.judge(dialogue=example.dialogue, reply=reply)
             components["judge"] = judged.score
             details["judge"] = {k: judged[k] for k in (*type(self.judge).FIELDS, "justification")}
         score = weighted_mean(components, cfg.weights())
-        score = 0.0 if score is None else score * grounded
+        score = 0.0 if score is None else score * grounded * toned
         return Scored(score, components, details, self._notes(example, pred, speaker, components, rules, details))
 
     def _notes(self, example, pred, speaker, components, rules, details) -> list[tuple[str, str]]:

@@ -123,7 +123,13 @@ def test_a_real_summary_has_exactly_the_summary_keys():
     lm, _ = fake_lm(reply_for)
     judge_lm, _ = fake_lm(emotional_reaction="strong", interpretation="weak", exploration="none",
                           relevance="good", fluency="good", justification="Warm.")
-    scorer = EmpathyMetric(MetricConfig(judge=0.2), judge=EmpathyJudge(judge_lm), embedder=None)
+    class Tone:  # the tone head's interface, without the embedder
+        meta = {"dev_table": {}}
+
+        def pleasant(self, reply):
+            return 0.3
+
+    scorer = EmpathyMetric(MetricConfig(judge=0.2), judge=EmpathyJudge(judge_lm), embedder=None, tone=Tone())
     program = TraceProgram(ProgramConfig(best_of=2, best_of_threshold=1.0))
     result = evaluate_program(program, examples(2), scorer, lm=lm, pricing=Pricing())
     assert sorted(result.summary) == sorted(SUMMARY_KEYS)

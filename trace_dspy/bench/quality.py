@@ -30,6 +30,7 @@ def per_example(row: dict[str, Any]) -> dict[str, float]:
     """The per-example values that paired intervals are computed on (failed rows count 0)."""
     from trace_dspy.core.labels import ekman_group
     from trace_dspy.optimize.scorers import rouge_l, token_f1
+    from trace_dspy.workflows.evaluation import tone_on_side
 
     pred = row.get("prediction") or {}
     comps = row.get("components") or {}
@@ -53,6 +54,7 @@ def per_example(row: dict[str, Any]) -> dict[str, float]:
         "relevance": comp("relevance"),
         "token_f1": token_f1(ref, reply) if ref and not failed else 0.0,
         "rouge_l": rouge_l(ref, reply) if ref and not failed else 0.0,
+        "tone_agreement": 0.0 if failed else (tone_on_side(row) or 0.0),
     }
 
 

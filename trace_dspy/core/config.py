@@ -152,6 +152,14 @@ class ProgramConfig:
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
         where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
+    tone_floor: the reply reward's tone guard. The metric's tone head
+        (trace_dspy.optimize.tone) gives the probability that a candidate's tone
+        is the one the recognized emotion's valence asks for (pleasant for the
+        happiness and surprise groups, unpleasant for the others); below this
+        floor the candidate's reward is scaled by agreement / floor, so a reply
+        that cheers at bad news loses to one that does not. 0 turns it off. It
+        needs the embed extra (without it the guard is off). Artifacts saved
+        before the option existed load with the default.
     planner: how the plan stage decides. ``auto`` (the default): where the
         artifact holds a fitted ``first_plan`` (a compile found that, on the
         grammar-constrained embedded model, racing fitted plans without the
@@ -174,6 +182,7 @@ class ProgramConfig:
     prior_k: int | str = "auto"
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
+    tone_floor: float = 0.5
     planner: str = "auto"
     reply_exemplars: bool = True
     retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
@@ -201,6 +210,9 @@ class ProgramConfig:
         if isinstance(self.best_of_threshold, bool) or not isinstance(self.best_of_threshold, (int, float)) \
                 or not 0 <= self.best_of_threshold <= 1:
             raise ConfigError(f"best_of_threshold must be a number in [0, 1], not {self.best_of_threshold!r}")
+        if isinstance(self.tone_floor, bool) or not isinstance(self.tone_floor, (int, float)) \
+                or not 0 <= self.tone_floor <= 1:
+            raise ConfigError(f"tone_floor must be a number in [0, 1], not {self.tone_floor!r}")
         if self.planner not in PLANNER_CHOICES:
             raise ConfigError(f"planner must be one of {', '.join(PLANNER_CHOICES)}, not {self.planner!r}")
         if not isinstance(self.reply_exemplars, bool):
@@ -227,7 +239,8 @@ class ProgramConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
                 "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
-                "best_of_threshold": self.best_of_threshold, "planner": self.planner,
+                "best_of_threshold": self.best_of_threshold, "tone_floor": self.tone_floor,
+                "planner": self.planner,
                 "reply_exemplars": self.reply_exemplars, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 

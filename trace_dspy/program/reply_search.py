@@ -7,9 +7,13 @@ reward, and, with fitted further plans, a reply per plan.
 
 from __future__ import annotations
 
+import logging
+
 import dspy
 
 from trace_dspy.core import spans
+
+_log = logging.getLogger(__name__)
 
 
 class ReplySearch:
@@ -86,14 +90,31 @@ class ReplySearch:
             return float(self.reward_fn(inputs, pred))
         # The writer's demo replies are copy sources: a candidate that pastes one scores 0.
         demos = tuple(str(d["response"]) for d in self.generate_response.demos if d.get("response"))
-        if self._reward_metric is None or self._reward_metric[0] != demos:
-            from trace_dspy.optimize.metric import EmpathyMetric
-
-            self._reward_metric = (demos, EmpathyMetric(copy_sources=demos, reply_guards=True))
-        candidate = dspy.Prediction(response=pred.response, strategy=inputs.get("strategy"),
+        key = (demos, self.config.tone_floor)
+        if self._reward_metric is None or self._reward_metric[0] != key:
+            self._reward_metric = (key, self._make_reward_metric(demos))
+        candidate = dspy.Prediction(response=pred.response, emotion=inputs.get("emotion"),
+                                    strategy=inputs.get("strategy"),
                                     secondary_strategy=inputs.get("secondary_strategy"),
                                     exemplars=inputs.get("exemplars") or [])
         return self._reward_metric[1].evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
+
+    def _make_reward_metric(self, demos: tuple[str, ...]):
+        """The reward's metric: the default one with the reply guards and the program's tone floor (off, with a
+        warning once, where the tone head cannot run)."""
+        from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+
+        floor = self.config.tone_floor
+        metric = EmpathyMetric(copy_sources=demos, reply_guards=True)
+        if floor > 0 and metric.tone is None:
+            from trace_dspy.core.console import warn_once
+            from trace_dspy.optimize.similarity import MISSING_EMBED
+
+            warn_once(_log, "tone_floor", "the reply reward's tone guard is off: %s", MISSING_EMBED.split(";")[0])
+            floor = 0.0
+        return EmpathyMetric(MetricConfig(tone_floor=floor), copy_sources=demos, reply_guards=True,
+                             embedder=metric.embedder, scorer=metric.scorer, relevance=metric.relevance,
+                             tone=metric.tone)
 
     def _best_reply(self, predictor, inputs: dict):
         """The first reply as configured; below the threshold, ``dspy.BestOfN`` samples the rest.

@@ -138,6 +138,7 @@ def score_row(row: dict[str, Any], metric: EmpathyMetric, example: dspy.Example,
     row.update(score=scored.score, components=scored.components, feedback=scored.feedback,
                rules=scored.details.get("rules"), judge=scored.details.get("judge"),
                levels=scored.details.get("levels"), copied=scored.details.get("copied"),
+               tone_pleasant=scored.details.get("tone_pleasant"),
                similarity_kind=scored.details.get("similarity_kind"),
                empathy_kind=scored.details.get("empathy_kind"),
                relevance_kind=scored.details.get("relevance_kind"), metric_signature=metric.signature)
@@ -280,6 +281,10 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
     if ok:
         summary["copied_rate"] = sum(bool(r.get("copied")) for r in ok) / len(ok)
         summary["parrot_rate"] = sum(not (r.get("rules") or {}).get("not_parroting", True) for r in ok) / len(ok)
+    toned = [tone_on_side(r) for r in ok]
+    toned = [t for t in toned if t is not None]
+    if toned:
+        summary["tone_agreement"] = sum(toned) / len(toned)
     summary.update(collapse_check(ok_replies, reference_dist2=reference_dist2, config=metric_config))
     gold_emotions = [r.get("gold_emotion") for r in rows]
     if all(gold_emotions):
@@ -416,3 +421,14 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "reply_exemplars": {"reply_exemplars": True},
     "retrieval_k4": {"retrieval": {"k": 4}},  # four retrieved exemplars instead of two
 }
+
+
+def tone_on_side(row: dict[str, Any]) -> float | None:
+    """1.0 when a row's reply has the tone of its gold emotion's valence (the tone head's P(pleasant) on that
+    side of 0.5), 0.0 when not; None without a gold emotion with a valence or without the tone head's score."""
+    from trace_dspy.core.openers import emotion_valence
+
+    p, valence = row.get("tone_pleasant"), emotion_valence(row.get("gold_emotion"))
+    if p is None or valence == "any":
+        return None
+    return float((p > 0.5) == (valence == "positive"))

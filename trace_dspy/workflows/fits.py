@@ -35,6 +35,17 @@ EMPATHY_PROBES = (
     ("I feel so alone since I moved here.", "You should join a club."),
 )
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+TONE_REPRODUCE_LIMIT = 400
+# Replies whose P(pleasant) is recorded with the tone head's weights: the wrong-tone replies the writer gave
+# (a friend moving abroad, a dog that died) beside ones with the right tone.
+TONE_PROBES = (
+    "That sounds like a dream come true.",
+    "Oh no, I'm so sorry. That must be so hard.",
+    "Howdy there! What's your dog's name?",
+    "I'm so sorry about your dog. How long did you have him?",
+    "Congratulations! How are you going to celebrate?",
+    "That sounds like a nightmare. How are you feeling about your cat?",
+)
 
 
 class FitError(ValueError):
@@ -130,6 +141,15 @@ def relevance_table_text(table: dict[str, float]) -> str:
         f"  learned head  {table['auc_head']:.3f}",
         f"  cosine        {table['auc_cosine']:.3f}",
         f"mean P(fits): real {table['mean_p_real']:.3f}, mismatched {table['mean_p_mismatched']:.3f}",
+    ])
+
+
+def tone_table_text(table: dict[str, float]) -> str:
+    return "\n".join([
+        f"held-out AUC, P(pleasant) of pleasant vs unpleasant replies: {table['auc']:.3f}",
+        f"held-out AUC, tone agreement of a reply vs a swapped-tone reply: {table['auc_swap']:.3f}",
+        f"mean agreement: own {table['mean_agreement_own']:.3f}, swapped {table['mean_agreement_swapped']:.3f}; "
+        f"on the right side of 0.5: {table['right_side_rate']:.3f}",
     ])
 
 
@@ -261,3 +281,49 @@ def refit_prior(data: str, *, situations: str | None, seed: int = 0, output: Pat
         prior = fit_from_source(source, situations=resolved, seed=seed, refit_on_dev=refit_on_dev)
     prior.save(output)
     return {"output": str(output), "size_bytes": output.stat().st_size, **prior.describe()}
+
+
+def refit_tone(data: str | None, *, seed: int = 0, limit: int | None = None, output: Path | None = None,
+               check: bool = False, json_path: Path | None = None, command: str = "") -> Refit:
+    """Refit the tone head on the ED pool of ``data`` (see :mod:`trace_dspy.optimize.tone`)."""
+    from trace_dspy.data.sources import DataError, resolve_source
+    from trace_dspy.optimize.tone import WEIGHTS_FILE, ToneError, ToneScorer, fit_tone, tone_rows
+
+    if limit is not None and limit < 100:
+        raise FitError("--limit must be at least 100 rows")
+    try:
+        source = resolve_source(data, seed=seed)
+    except DataError as exc:
+        raise FitError(str(exc)) from exc
+    if source.is_seed:
+        raise FitError("fitting the tone head needs the ED data (--data or $TRACE_DSPY_DATA), not the seed set")
+    embedder = _embedder("fitting the tone head")
+    output = output or WEIGHTS_FILE
+
+    def rows_of(n: int | None):
+        keys = {r[0] for r in pool_rows(source, n, seed)}  # the same seeded conversations as the other heads
+        return [r for r in tone_rows(source.pool) if r[0] in keys]
+
+    rows = rows_of(limit)
+    print(f"ED pool {source.location}: {len(rows)} replies ({source.fingerprint}); embedding and fitting ...",
+          file=sys.stderr, flush=True)
+    meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
+    with heartbeat("tone head") as phase:
+        phase.note("embedding and fitting")
+        result = fit_tone(rows, embedder.encode, seed=seed, meta=meta)
+    m = result.head.meta
+    text = (f"train {m['train_rows']} replies, held out {m['held_out_rows']} replies / "
+            f"{m['held_out_conversations']} conversations\n" + tone_table_text(result.table))
+
+    def extras() -> dict:
+        small = fit_tone(rows_of(TONE_REPRODUCE_LIMIT), embedder.encode, seed=seed)
+        scores = ToneScorer(result.head, encode=embedder.encode).pleasant_batch(list(TONE_PROBES))
+        return {"reproduce": {"limit": TONE_REPRODUCE_LIMIT, "dev_table": small.table},
+                "probes": [{"reply": r, "p_pleasant": p} for r, p in zip(TONE_PROBES, scores)]}
+
+    with heartbeat("tone head") as phase:
+        phase.note("checking" if check else "the reproduce run and saving")
+        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
+                                 load_error=ToneError, same=same_relevance_table, json_path=json_path,
+                                 command=command, extras=extras)
+    return Refit(text, output, matches)
