@@ -258,7 +258,7 @@ def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary
 def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():
     prefills: list = []
     lm, engine = fake_lm(_continuing(prefills), strategy="EX", secondary_strategy="ER")
-    program = TraceProgram(ProgramConfig(reply_format="scaffold", best_of=2, best_of_threshold=1.0))
+    program = TraceProgram(ProgramConfig(reply_format="scaffold", best_of=2, best_of_threshold=1.0, opener_variety=1))
     program.reward_fn = lambda inputs, pred: 0.9 if pred.response.startswith("What happened") else 0.5
     with dspy.context(lm=lm):
         pred = program(dialogue=DIALOGUE)

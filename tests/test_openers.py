@@ -9,7 +9,8 @@ import pytest
 from conftest import offline_workdir
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.core.openers import TONED_OPENERS, check_openers, emotion_valence
+from trace_dspy.core.config import ConfigError
+from trace_dspy.core.openers import SCAFFOLD_OPENERS, TONED_OPENERS, check_openers, emotion_valence
 from trace_dspy.optimize.openers import fit_openers, rank_openers
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.program.pipeline import stage_signature
@@ -141,7 +142,7 @@ def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
     metric = prefers("Wow, that", "I'm so sorry")
     with dspy.context(lm=lm):
         compiled = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
-                                   scaffolded_program(), metric, examples(2, 2), [])
+                                   scaffolded_program(opener_variety=1), metric, examples(2, 2), [])
         assert compiled.reply_openers["negative"]["ER"][0] == "I'm so sorry"
         assert compiled.opener_fit["items"] == 4
         off = compile_program(OptimizerConfig(name="labeled", plan_items=0), scaffolded_program(), metric,  # off
@@ -194,3 +195,23 @@ def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_mod
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="reply_openers"):
         trace_dspy.load("trace-dspy@v1")
+
+
+def test_opener_variety_spreads_messages_over_the_best_openers_and_is_stable():
+    from trace_dspy.program.reply_text import opener_offset, scaffold_openers
+
+    plan = {"strategy": "ER", "secondary_strategy": "EX"}
+    messages = [f"Speaker: Something happened to me on day {i}." for i in range(40)]
+    firsts = [scaffold_openers({**plan, "dialogue": m}, 0, variety=3)[0] for m in messages]
+    assert set(firsts) == set(SCAFFOLD_OPENERS["ER"][:3])  # every one of the best three is used
+    assert max(firsts.count(o) for o in set(firsts)) < 25  # and none takes most of them
+    # The same message always gets the same opener (no per-process salt), and variety 1 is the best one.
+    assert [opener_offset({"dialogue": m}, "ER", 3) for m in messages] == \
+        [opener_offset({"dialogue": m}, "ER", 3) for m in messages]
+    assert {scaffold_openers({**plan, "dialogue": m}, 0, variety=1)[0] for m in messages} == {"That sounds"}
+    # Further candidates go on from the dialogue's opener, so they differ from the first.
+    for m in messages[:5]:
+        first, second = (scaffold_openers({**plan, "dialogue": m}, c, variety=3)[0] for c in (0, 1))
+        assert first != second
+    with pytest.raises(ConfigError, match="opener_variety"):
+        ProgramConfig(opener_variety=0)

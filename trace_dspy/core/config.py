@@ -24,6 +24,7 @@ REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold")
 PLANNER_CHOICES: tuple[str, ...] = ("auto", "lm")
 MAX_PRIOR_K = 8
 MAX_BEST_OF = 8
+MAX_OPENER_VARIETY = 8  # trace_dspy.core.openers.MAX_OPENERS: a fitted table holds at most this many
 # best_of = "auto" on the embedded model: +0.058 [+0.031, +0.088] composite over one reply on 50 ED items.
 AUTO_BEST_OF = 4
 # prior_k = "auto": on the embedded model the prior's first label alone beats the LM choosing among the top 2, 3
@@ -152,6 +153,12 @@ class ProgramConfig:
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
         where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
+    opener_variety: how many of each mechanism's best openers a scaffolded
+        reply's first candidate is drawn from, by a stable hash of the
+        speaker's last turn: the same message always gets the same opener,
+        different messages spread over them, so that a batch or a chat does not
+        open every reply alike. 1: always the best-ranked opener. Artifacts
+        saved before the option existed load with the default.
     tone_floor: the reply reward's tone guard. The metric's tone head
         (trace_dspy.optimize.tone) gives the probability that a candidate's tone
         is the one the recognized emotion's valence asks for (pleasant for the
@@ -183,6 +190,7 @@ class ProgramConfig:
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
     tone_floor: float = 0.5
+    opener_variety: int = 3
     planner: str = "auto"
     reply_exemplars: bool = True
     retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
@@ -210,6 +218,10 @@ class ProgramConfig:
         if isinstance(self.best_of_threshold, bool) or not isinstance(self.best_of_threshold, (int, float)) \
                 or not 0 <= self.best_of_threshold <= 1:
             raise ConfigError(f"best_of_threshold must be a number in [0, 1], not {self.best_of_threshold!r}")
+        if isinstance(self.opener_variety, bool) or not isinstance(self.opener_variety, int) \
+                or not 1 <= self.opener_variety <= MAX_OPENER_VARIETY:
+            raise ConfigError(f"opener_variety must be an integer from 1 to {MAX_OPENER_VARIETY}, "
+                              f"not {self.opener_variety!r}")
         if isinstance(self.tone_floor, bool) or not isinstance(self.tone_floor, (int, float)) \
                 or not 0 <= self.tone_floor <= 1:
             raise ConfigError(f"tone_floor must be a number in [0, 1], not {self.tone_floor!r}")
@@ -240,6 +252,7 @@ class ProgramConfig:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
                 "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
                 "best_of_threshold": self.best_of_threshold, "tone_floor": self.tone_floor,
+                "opener_variety": self.opener_variety,
                 "planner": self.planner,
                 "reply_exemplars": self.reply_exemplars, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}

@@ -120,7 +120,8 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                 predictor.signature = predictor.signature.delete("emotion_candidates")
         openers = parts["reply_openers"]
         self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
-                                                  openers=openers) if openers else None)
+                                                  openers=openers, variety=self.config.opener_variety)
+                                 if openers else None)
 
     def with_parts(self, **values) -> TraceProgram:
         """A copy of this program (demos, instructions, LMs) with some fitted parts replaced."""
@@ -208,7 +209,8 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         if reply_format == "scaffold" and self._openers_adapter is not None:
             adapter = self._openers_adapter
         elif reply_format in ("chat", "scaffold"):
-            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold")
+            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold",
+                                         variety=self.config.opener_variety)
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from trace_dspy.core.openers import SCAFFOLD_OPENERS, check_openers
+from trace_dspy.core.openers import OPENER_POOL, check_openers
 from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, OutputConstraint
@@ -59,10 +59,13 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
     ChatAdapter.
     """
 
-    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, openers=None, **kwargs):
+    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, openers=None, variety: int = 1,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.exemplars = exemplars
         self.scaffold = scaffold
+        # How many of each mechanism's best openers a first reply is drawn from (ProgramConfig.opener_variety).
+        self.variety = int(variety)
         # Fitted openers (valence -> mechanism -> openers, see check_openers); None: the stock ones.
         self.openers = check_openers(openers) if openers else None
 
@@ -90,7 +93,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         if getattr(lm, "takes_output_constraint", False):  # only the first sentence is kept: stop after it
             kwargs[CONSTRAINT_KWARG] = OutputConstraint.plain_text("response", max_sentences=1)
         said: list[str] = []
-        for opener in scaffold_openers(inputs, candidate, openers_for(inputs, self.openers)):
+        for opener in scaffold_openers(inputs, candidate, openers_for(inputs, self.openers), self.variety):
             call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
             with adapter_message_call(lm, call):
                 outputs = lm(messages=call, **kwargs)
@@ -106,7 +109,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
             # Left out: an opener the model did not go on from, and a question opener it made a statement of
             # ("What happened next was sad.").
             if len(words(sentence)) > len(words(opener)) \
-                    and (opener not in SCAFFOLD_OPENERS["EX"] or sentence.endswith("?")):
+                    and (opener not in OPENER_POOL["EX"] or sentence.endswith("?")):
                 said.append(sentence)
         if not said:  # the model went on from no opener: ask for the whole reply instead (the chat layout)
             return super().__call__(lm, lm_kwargs, signature, demos, inputs)
@@ -159,12 +162,15 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         return {"response": reply}
 
 
-_CHAT_REPLY = {(ex, sc): ChatReplyAdapter(exemplars=ex, scaffold=sc) for ex in (False, True) for sc in (False, True)}
+_CHAT_REPLY: dict[tuple[bool, bool, int], ChatReplyAdapter] = {}
 
 
-def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False) -> ChatReplyAdapter:
+def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False, variety: int = 1) -> ChatReplyAdapter:
     """A shared ChatReplyAdapter (it holds no per-call state, like the compact adapter)."""
-    return _CHAT_REPLY[bool(exemplars), bool(scaffold)]
+    key = (bool(exemplars), bool(scaffold), int(variety))
+    if key not in _CHAT_REPLY:  # a race makes an equal one at worst
+        _CHAT_REPLY[key] = ChatReplyAdapter(exemplars=key[0], scaffold=key[1], variety=key[2])
+    return _CHAT_REPLY[key]
 
 
 def _stock_instructions() -> str:

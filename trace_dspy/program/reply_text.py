@@ -6,6 +6,7 @@ opener tables themselves are in ``trace_dspy.core.openers``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from trace_dspy.core.openers import SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds
@@ -30,11 +31,29 @@ def openers_for(inputs: dict, fitted=None) -> dict[str, tuple[str, ...]]:
     return {kind: tuple(table.get(kind) or stock) for kind, stock in SCAFFOLD_OPENERS.items()}
 
 
-def scaffold_openers(inputs: dict, candidate: int = 0, openers=None) -> list[str]:
+def opener_offset(inputs: dict, kind: str, variety: int) -> int:
+    """Which of a mechanism's first ``variety`` openers this dialogue's first reply takes: a stable hash of
+    the speaker's last turn (the same message always gets the same opener, in any process; different
+    messages spread over them). 0 with ``variety`` 1 or less."""
+    if variety <= 1:
+        return 0
+    from trace_dspy.core.dialogue import last_speaker_turn
+
+    try:
+        said = last_speaker_turn(str(inputs.get("dialogue") or ""))
+    except ValueError:
+        said = str(inputs.get("dialogue") or "")
+    digest = hashlib.sha256(f"{kind}|{' '.join(said.lower().split())}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % variety
+
+
+def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: int = 1) -> list[str]:
     """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
 
     ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
-    ``openers_for``); candidate c takes the c-th of each, coming round again past the last.
+    ``openers_for``). The first reply takes, for each mechanism, one of its first ``variety`` openers
+    (``opener_offset``: 1 always takes the best); candidate c takes the c-th after it, coming round again
+    past the last.
     """
     openers = openers or SCAFFOLD_OPENERS
     kinds = scaffold_kinds(inputs)
@@ -42,7 +61,8 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None) -> list[str
     for slot, kind in enumerate(kinds):
         options = openers[kind]
         repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
-        chosen.append(options[(candidate + repeat) % len(options)])
+        start = opener_offset(inputs, kind, min(variety, len(options)))
+        chosen.append(options[(start + candidate + repeat) % len(options)])
     return chosen
 
 
