@@ -182,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _load(ref: str | None, settings, data):
     from trace_dspy.workflows.loading import load_for_run
 
-    return load_for_run(ref, settings, data=data, announce_seed=False)  # None: as respond (default_reference)
+    # None: as respond (default_reference)
+    return load_for_run(ref, settings, data=data, announce_seed=False, remember_openings=True)
 
 
 def main(argv: list[str] | None = None) -> int:

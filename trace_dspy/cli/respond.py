@@ -126,7 +126,8 @@ def _run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
         from trace_dspy.workflows.loading import load_for_run
 
-        loaded = load_for_run(args.program, settings, data=settings.data_source(args.data), announce_seed=False)
+        loaded = load_for_run(args.program, settings, data=settings.data_source(args.data), announce_seed=False,
+                              remember_openings=True)
         program, default_lm = loaded.program, loaded.lms.default
     except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))

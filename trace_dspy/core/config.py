@@ -159,6 +159,11 @@ class ProgramConfig:
         different messages spread over them, so that a batch or a chat does not
         open every reply alike. 1: always the best-ranked opener. Artifacts
         saved before the option existed load with the default.
+    variety_penalty: where the program keeps a history of the openings of its
+        recent replies (``respond`` and ``chat`` do; evaluations and compiles
+        do not), the reply race lowers each plan's reply by this much times the
+        share of recent replies that opened with the same two words before it
+        chooses; the recorded rewards are unchanged. 0 turns it off.
     tone_floor: the reply reward's tone guard. The metric's tone head
         (trace_dspy.optimize.tone) gives the probability that a candidate's tone
         is the one the recognized emotion's valence asks for (pleasant for the
@@ -191,6 +196,7 @@ class ProgramConfig:
     best_of_threshold: float = 0.6
     tone_floor: float = 0.5
     opener_variety: int = 3
+    variety_penalty: float = 0.2
     planner: str = "auto"
     reply_exemplars: bool = True
     retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
@@ -222,6 +228,9 @@ class ProgramConfig:
                 or not 1 <= self.opener_variety <= MAX_OPENER_VARIETY:
             raise ConfigError(f"opener_variety must be an integer from 1 to {MAX_OPENER_VARIETY}, "
                               f"not {self.opener_variety!r}")
+        if isinstance(self.variety_penalty, bool) or not isinstance(self.variety_penalty, (int, float)) \
+                or not 0 <= self.variety_penalty <= 1:
+            raise ConfigError(f"variety_penalty must be a number in [0, 1], not {self.variety_penalty!r}")
         if isinstance(self.tone_floor, bool) or not isinstance(self.tone_floor, (int, float)) \
                 or not 0 <= self.tone_floor <= 1:
             raise ConfigError(f"tone_floor must be a number in [0, 1], not {self.tone_floor!r}")
@@ -252,7 +261,7 @@ class ProgramConfig:
         return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
                 "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
                 "best_of_threshold": self.best_of_threshold, "tone_floor": self.tone_floor,
-                "opener_variety": self.opener_variety,
+                "opener_variety": self.opener_variety, "variety_penalty": self.variety_penalty,
                 "planner": self.planner,
                 "reply_exemplars": self.reply_exemplars, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}

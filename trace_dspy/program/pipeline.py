@@ -87,6 +87,9 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         # Best-of-N reply reward: None = the default metric's reference-free score.
         self.reward_fn = None
         self._reward_metric = None  # (the demo replies it guards against, the metric)
+        # The openings of the replies kept lately (trace_dspy.program.reply_variety); None: no history (the default
+        # for evaluations and compiles; respond and chat call remember_openings).
+        self.recent_openings = None
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
@@ -122,6 +125,14 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
                                                   openers=openers, variety=self.config.opener_variety)
                                  if openers else None)
+
+    def remember_openings(self, size: int | None = None) -> TraceProgram:
+        """Keep the openings of the replies this program writes from now on, so that the reply race prefers a
+        reply that does not open as the recent ones did (``variety_penalty``); returns the program."""
+        from trace_dspy.program.reply_variety import DEFAULT_SIZE, RecentOpenings
+
+        self.recent_openings = RecentOpenings(size or DEFAULT_SIZE)
+        return self
 
     def with_parts(self, **values) -> TraceProgram:
         """A copy of this program (demos, instructions, LMs) with some fitted parts replaced."""
@@ -241,7 +252,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            setattr(new, key, copy.deepcopy(value, memo))
+            setattr(new, key, copy.deepcopy(value, memo) if key != "recent_openings" else None)  # a copy starts afresh
         return new
 
     def deepcopy(self):

@@ -62,7 +62,15 @@ class ReplySearch:
                 entry["best"] = self._sample_better(predictor, entry["inputs"], entry["best"], entry["rewards"], more)
                 if entry["best"][1] >= threshold:
                     break
-        plan = max(tried, key=lambda p: tried[p]["best"][1])  # the first of equals: the LM's own plan first
+        # The first of equals: the LM's own plan first. With a history of openings (respond, chat), a reply that
+        # opens as many recent ones did gives way to one that does not.
+        recent = self.recent_openings
+        penalty = self.config.variety_penalty if recent is not None else 0.0
+        plan = max(tried, key=lambda p: tried[p]["best"][1]
+                   - penalty * recent.share(getattr(tried[p]["best"][0], "response", "")) if penalty else
+                   tried[p]["best"][1])
+        if recent is not None:
+            recent.add(getattr(tried[plan]["best"][0], "response", ""))
         state["strategy"] = plan[0]
         if "secondary_strategy" in inputs:
             state["secondary_strategy"] = plan[1]

@@ -171,7 +171,8 @@ def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:
 
 def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, data=None, seed: int = 0,
                  announce_seed: bool = True, root: str | os.PathLike | None = None,
-                 attach_lms: bool = True, stage_lms_default: bool = False) -> LoadedProgram:
+                 attach_lms: bool = True, stage_lms_default: bool = False,
+                 remember_openings: bool = False) -> LoadedProgram:
     """What a command runs: the uncompiled program for 'default', else a loaded artifact; None: default_reference().
 
     Args:
@@ -183,10 +184,21 @@ def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, 
         data, seed: the data source the uncompiled program retrieves exemplars from and fits its prior on.
         root: where ``NAME@vN`` is looked up. attach_lms: False leaves the stages on ``dspy.settings``.
         stage_lms_default: the attached LMs give way to an LM configured in ``dspy.settings``.
+        remember_openings: the program keeps the openings of its replies (``TraceProgram.remember_openings``):
+            for the commands whose replies a person reads one after another (respond, chat).
 
     Returns:
         The program, its LMs and its manifest (``LoadedProgram``).
     """
+    loaded = _load_program(ref, settings, tracking_uri=tracking_uri, data=data, seed=seed, announce_seed=announce_seed,
+                           root=root, attach_lms=attach_lms, stage_lms_default=stage_lms_default)
+    if remember_openings:
+        loaded.program.remember_openings()
+    return loaded
+
+
+def _load_program(ref, settings, *, tracking_uri, data, seed, announce_seed, root, attach_lms,
+                  stage_lms_default) -> LoadedProgram:
     if ref is None:
         ref = default_reference()
     if ref == "default":

@@ -1,0 +1,75 @@
+"""The reply race's variety penalty: a reply that opens as the recent ones did gives way on a tie."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from trace_dspy import ProgramConfig, TraceProgram
+from trace_dspy.core.config import ConfigError
+from trace_dspy.program.reply_variety import RecentOpenings, opening
+from trace_dspy.testing.fakes import fake_lm
+
+REPLIES = {"IP+EX": "That sounds hard. What happened next?", "EX+EX": "Oh no, that is hard. How are you now?"}
+
+
+def writer(outputs, inputs):
+    if "response" in outputs and "strategy" in inputs:
+        return {"response": REPLIES[f"{inputs['strategy']}+{inputs.get('secondary_strategy', inputs['strategy'])}"]}
+    return {}
+
+
+def race(penalty: float, history: list[str] | None):
+    lm, _ = fake_lm(writer, strategy="IP", secondary_strategy="EX")
+    program = TraceProgram(ProgramConfig(prior_k=0, best_of=1, variety_penalty=penalty))
+    program.reply_plans = ["EX+EX"]
+    program.reward_fn = lambda inputs, pred: 0.5  # every reply ties
+    if history is not None:
+        program.remember_openings(size=4)
+        for reply in history:
+            program.recent_openings.add(reply)
+    with dspy.context(lm=lm):
+        return program(dialogue="Speaker: my exam went badly."), program
+
+
+def test_the_penalty_changes_the_choice_when_two_candidates_tie():
+    said_before = ["That sounds awful.", "That sounds like a lot.", "Oh, that is sad."]
+    kept, _ = race(0.1, None)  # no history: the first of equals, the LM's own plan
+    assert kept.response == REPLIES["IP+EX"]
+    kept, program = race(0.1, said_before)  # "that sounds" opened two of the last three
+    assert kept.response == REPLIES["EX+EX"]
+    assert kept.reply_rewards == [0.5, 0.5]  # the recorded rewards are the metric's own
+    assert program.recent_openings.share("Oh no, what a day.") == pytest.approx(1 / 4)  # the kept one was added
+    kept, _ = race(0.0, said_before)  # the penalty off
+    assert kept.response == REPLIES["IP+EX"]
+
+
+def test_a_clear_winner_is_kept_whatever_it_opens_with():
+    lm, _ = fake_lm(writer, strategy="IP", secondary_strategy="EX")
+    program = TraceProgram(ProgramConfig(prior_k=0, best_of=1)).remember_openings(size=4)
+    program.reply_plans = ["EX+EX"]
+    program.reward_fn = lambda inputs, pred: 0.9 if pred.response.startswith("That") else 0.5
+    for reply in ["That sounds awful.", "That sounds fine."]:
+        program.recent_openings.add(reply)
+    with dspy.context(lm=lm):
+        assert program(dialogue="Speaker: my exam went badly.").response == REPLIES["IP+EX"]
+
+
+def test_openings_and_history():
+    assert opening("  That's SO great, really!") == "that's so"
+    assert opening("") == ""
+    recent = RecentOpenings(size=2)
+    assert recent.share("That sounds fine.") == 0.0
+    for reply in ("That sounds fine.", "Oh no.", "That sounds bad."):
+        recent.add(reply)
+    assert len(recent) == 2 and recent.share("that sounds odd") == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        RecentOpenings(size=0)
+    with pytest.raises(ConfigError, match="variety_penalty"):
+        ProgramConfig(variety_penalty=-0.1)
+
+
+def test_copies_start_without_a_history():
+    program = TraceProgram().remember_openings()
+    program.recent_openings.add("That sounds fine.")
+    assert program.deepcopy().recent_openings is None and len(program.recent_openings) == 1
