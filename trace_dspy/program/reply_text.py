@@ -51,9 +51,9 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
     """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
 
     ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
-    ``openers_for``). The first reply takes, for each mechanism, one of its first ``variety`` openers
-    (``opener_offset``: 1 always takes the best); candidate c takes the c-th after it, coming round again
-    past the last.
+    ``openers_for``). The first reply takes, for each mechanism but the question (EX), one of its first
+    ``variety`` openers (``opener_offset``: 1 always takes the best); candidate c takes the c-th after it,
+    coming round again past the last.
     """
     openers = openers or SCAFFOLD_OPENERS
     kinds = scaffold_kinds(inputs)
@@ -61,7 +61,9 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
     for slot, kind in enumerate(kinds):
         options = openers[kind]
         repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
-        start = opener_offset(inputs, kind, min(variety, len(options)))
+        # The question keeps its best opener: read side by side, "What happened to the doctor?" and "How did you
+        # miss him?" were worse than the best-ranked question, where other leads were not.
+        start = 0 if kind == "EX" else opener_offset(inputs, kind, min(variety, len(options)))
         chosen.append(options[(start + candidate + repeat) % len(options)])
     return chosen
 
