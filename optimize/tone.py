@@ -84,6 +84,14 @@ def agreement(p_pleasant: float, valence: str) -> float | None:
     return None
 
 
+def soft_agreement(p_pleasant: float, q_pleasant: float) -> float:
+    """The agreement of a reply with ``P(pleasant) = p_pleasant`` with a situation that is pleasant with
+    probability ``q_pleasant``: the chance that the two are on the same side. Where the situation's valence is
+    uncertain (q near 0.5), no tone disagrees much."""
+    p, q = float(p_pleasant), min(1.0, max(0.0, float(q_pleasant)))
+    return p * q + (1.0 - p) * (1.0 - q)
+
+
 class ToneScorer:
     """P(pleasant) of replies from the shipped head (or ``weights``)."""
 

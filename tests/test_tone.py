@@ -6,7 +6,15 @@ import dspy
 import numpy as np
 import pytest
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
-from trace_dspy.optimize.tone import WEIGHTS_FILE, ToneError, ToneHead, ToneScorer, agreement, fit_tone
+from trace_dspy.optimize.tone import (
+    WEIGHTS_FILE,
+    ToneError,
+    ToneHead,
+    ToneScorer,
+    agreement,
+    fit_tone,
+    soft_agreement,
+)
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
@@ -144,3 +152,32 @@ def test_the_summary_reports_tone_agreement_against_the_gold_emotion():
     summary = summarize(rows)
     assert summary["tone_agreement"] == pytest.approx(2 / 3)
     assert summary["tone"] == pytest.approx(0.9)
+
+
+def test_an_uncertain_situation_makes_no_tone_wrong():
+    """With the situation's pleasantness (the reply reward passes the prior's), agreement is the chance reply and
+    situation are on the same side: a cheerful reply to a situation the prior cannot place is not penalised."""
+    assert soft_agreement(0.95, 0.5) == pytest.approx(0.5)
+    assert soft_agreement(0.95, 0.05) == pytest.approx(0.95 * 0.05 + 0.05 * 0.95)
+    example = dspy.Example(dialogue="Speaker: My tomatoes finally came up.")
+    cheerful = dspy.Prediction(response="Your tomatoes finally came up, that is so great!", emotion="annoyed")
+    hard, soft = metric(0.5), metric(0.5)
+    assert hard.evaluate(example, cheerful).components["tone"] == pytest.approx(0.05)  # the label's valence
+    unsure = dspy.Prediction(**cheerful.toDict(), situation_pleasant=0.45)
+    assert soft.evaluate(example, unsure).components["tone"] == pytest.approx(soft_agreement(0.95, 0.45))
+    assert soft.evaluate(example, unsure).score > hard.evaluate(example, cheerful).score
+
+
+def test_the_program_knows_how_pleasant_a_situation_is_and_a_copy_forgets_it():
+    class Prior:
+        def candidates(self, dialogue, k, encoder):
+            return [("joyful", 0.5), ("proud", 0.2), ("sad", 0.3)]
+
+    program = TraceProgram()
+    program.emotion_prior = Prior()
+    program._prior_encoder = object()
+    assert program.situation_pleasant("Speaker: I got the job!") == pytest.approx(0.7)
+    assert program._situations  # remembered
+    assert program.deepcopy()._situations == {}
+    program.emotion_prior = None  # another prior: read anew
+    assert program.situation_pleasant("Speaker: I got the job!") is None

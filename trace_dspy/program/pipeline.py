@@ -11,6 +11,7 @@ never renames a predictor: the four names are the compiled artifact's schema.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 
@@ -90,6 +91,8 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         # The openings of the replies kept lately (trace_dspy.program.reply_variety); None: no history (the default
         # for evaluations and compiles; respond and chat call remember_openings).
         self.recent_openings = None
+        self._situations: dict[str, float | None] = {}  # situation_pleasant, per dialogue
+        self._situation_lock = threading.Lock()
         for stage in STAGES:
             predictor = dspy.Predict(stage_signature(stage, self.config)) if self.config.enabled(stage) else None
             setattr(self, stage, predictor)
@@ -112,6 +115,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         """Take ``parts``: the emotion stage has the candidates field only with a prior (so a program without one
         sends the prompt it always did), and the scaffolded reply's adapter is built once with the openers."""
         self._parts = parts
+        self._situations = {}  # another prior reads situations anew
         predictor = getattr(self, "recognize_emotion", None)
         if predictor is not None:
             want = self.config.prior_k != 0 and parts["emotion_prior"] is not None
@@ -252,7 +256,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new
         for key, value in self.__dict__.items():
-            setattr(new, key, copy.deepcopy(value, memo) if key != "recent_openings" else None)  # a copy starts afresh
+            setattr(new, key, copy.deepcopy(value, memo) if key not in _FRESH_IN_COPIES else _FRESH_IN_COPIES[key]())
         return new
 
     def deepcopy(self):
@@ -330,6 +334,25 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         except Exception:  # noqa: BLE001 - PriorError: the embed extra is missing (emotion_path says so)
             return None
         return self.emotion_prior.candidates(normalize_dialogue(dialogue), k, encoder)
+
+    def situation_pleasant(self, dialogue) -> float | None:
+        """How likely the speaker's situation is a pleasant one: the fitted prior's probability mass on the
+        emotions of the happiness and surprise groups (None without a usable prior). Remembered per dialogue:
+        the reply reward asks for it once per candidate."""
+        from trace_dspy.core.labels import EMOTIONS
+        from trace_dspy.core.openers import emotion_valence
+
+        key = str(dialogue)
+        with self._situation_lock:
+            if key in self._situations:
+                return self._situations[key]
+        candidates = self.prior_candidates(dialogue, len(EMOTIONS))
+        value = None if not candidates else sum(p for e, p in candidates if emotion_valence(e) == "positive")
+        with self._situation_lock:
+            if len(self._situations) >= 256:
+                self._situations.clear()
+            self._situations[key] = value
+        return value
 
     def recognize(self, dialogue) -> dspy.Prediction:
         """Only the emotion part of ``forward``: the prior's candidates and the ``recognize_emotion`` stage, run
@@ -434,6 +457,11 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                 state["reply_rewards"] = rewards
                 return result
             return predictor(**inputs)
+
+
+# What a copy starts afresh: the history of openings (a copy has written nothing yet), the per-dialogue memory of
+# situation_pleasant (a copy may get another prior) and its lock.
+_FRESH_IN_COPIES = {"recent_openings": lambda: None, "_situations": dict, "_situation_lock": threading.Lock}
 
 
 def _last_exchange(hit):

@@ -102,6 +102,7 @@ class ReplySearch:
         if self._reward_metric is None or self._reward_metric[0] != key:
             self._reward_metric = (key, self._make_reward_metric(demos))
         candidate = dspy.Prediction(response=pred.response, emotion=inputs.get("emotion"),
+                                    situation_pleasant=self.situation_pleasant(inputs["dialogue"]),
                                     strategy=inputs.get("strategy"),
                                     secondary_strategy=inputs.get("secondary_strategy"),
                                     exemplars=inputs.get("exemplars") or [])
