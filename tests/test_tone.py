@@ -181,3 +181,18 @@ def test_the_program_knows_how_pleasant_a_situation_is_and_a_copy_forgets_it():
     assert program.deepcopy()._situations == {}
     program.emotion_prior = None  # another prior: read anew
     assert program.situation_pleasant("Speaker: I got the job!") is None
+
+
+@pytest.mark.slow
+def test_refit_reproduces_the_recorded_subset_table(ed_dir, capsys, tmp_path):
+    from trace_dspy.cli import fit_tone
+
+    limit = str(ToneHead.load(WEIGHTS_FILE).meta["reproduce"]["limit"])
+    assert fit_tone.main(["--data", str(ed_dir), "--limit", limit, "--check"]) == 0
+    assert "matches" in capsys.readouterr().out
+    assert fit_tone.main(["--data", str(ed_dir), "--limit", limit, "--check", "--seed", "1"]) == 1
+    # A refit to another file writes weights that load, and the seed set is refused with a clear message.
+    assert fit_tone.main(["--data", str(ed_dir), "--limit", limit, "--output", str(tmp_path / "t.npz")]) == 0
+    assert ToneHead.load(tmp_path / "t.npz").meta["limit"] == int(limit)
+    assert fit_tone.main(["--data", str(ed_dir), "--limit", "50"]) != 0
+    assert "at least 100" in capsys.readouterr().err

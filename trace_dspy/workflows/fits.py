@@ -167,16 +167,10 @@ def same_empathy_table(a: dict, b: dict, tol: float = 1e-4) -> bool:
         return False
 
 
-def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None, output: Path | None = None,
-                    check: bool = False, json_path: Path | None = None, command: str = "") -> Refit:
-    """Refit the relevance head on the ED pool of ``data`` (see :mod:`trace_dspy.optimize.relevance`)."""
+def _ed_pool(data: str | None, seed: int, limit: int | None, what: str):
+    """The ED source and the embedder a head's refit needs (FitError when either is missing or --limit is
+    too small)."""
     from trace_dspy.data.sources import DataError, resolve_source
-    from trace_dspy.optimize.relevance import (
-        WEIGHTS_FILE,
-        RelevanceError,
-        RelevanceScorer,
-        fit_pool,
-    )
 
     if limit is not None and limit < 100:
         raise FitError("--limit must be at least 100 rows")
@@ -185,8 +179,21 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
     except DataError as exc:
         raise FitError(str(exc)) from exc
     if source.is_seed:
-        raise FitError("fitting the relevance head needs the ED data (--data or $TRACE_DSPY_DATA), not the seed set")
-    embedder = _embedder("fitting the relevance head")
+        raise FitError(f"fitting {what} needs the ED data (--data or $TRACE_DSPY_DATA), not the seed set")
+    return source, _embedder(f"fitting {what}")
+
+
+def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None, output: Path | None = None,
+                    check: bool = False, json_path: Path | None = None, command: str = "") -> Refit:
+    """Refit the relevance head on the ED pool of ``data`` (see :mod:`trace_dspy.optimize.relevance`)."""
+    from trace_dspy.optimize.relevance import (
+        WEIGHTS_FILE,
+        RelevanceError,
+        RelevanceScorer,
+        fit_pool,
+    )
+
+    source, embedder = _ed_pool(data, seed, limit, "the relevance head")
     output = output or WEIGHTS_FILE
     rows = pool_rows(source, limit, seed)
     print(f"ED pool {source.location}: {len(rows)} rows ({source.fingerprint}); embedding and fitting ...",
@@ -286,18 +293,9 @@ def refit_prior(data: str, *, situations: str | None, seed: int = 0, output: Pat
 def refit_tone(data: str | None, *, seed: int = 0, limit: int | None = None, output: Path | None = None,
                check: bool = False, json_path: Path | None = None, command: str = "") -> Refit:
     """Refit the tone head on the ED pool of ``data`` (see :mod:`trace_dspy.optimize.tone`)."""
-    from trace_dspy.data.sources import DataError, resolve_source
     from trace_dspy.optimize.tone import WEIGHTS_FILE, ToneError, ToneScorer, fit_tone, tone_rows
 
-    if limit is not None and limit < 100:
-        raise FitError("--limit must be at least 100 rows")
-    try:
-        source = resolve_source(data, seed=seed)
-    except DataError as exc:
-        raise FitError(str(exc)) from exc
-    if source.is_seed:
-        raise FitError("fitting the tone head needs the ED data (--data or $TRACE_DSPY_DATA), not the seed set")
-    embedder = _embedder("fitting the tone head")
+    source, embedder = _ed_pool(data, seed, limit, "the tone head")
     output = output or WEIGHTS_FILE
 
     def rows_of(n: int | None):
