@@ -361,16 +361,15 @@ class EmpathyMetric:
         components["grounded"] = grounded
         toned = 1.0
         if self.tone is not None:
-            from trace_dspy.core.openers import emotion_valence
             from trace_dspy.optimize.tone import agreement as tone_agreement
-            from trace_dspy.optimize.tone import soft_agreement
+            from trace_dspy.optimize.tone import soft_agreement, tone_valence
 
             details["tone_pleasant"] = self.tone.pleasant(reply)
             # The program's reply reward knows how pleasant the situation is (the emotion prior's mass on the
             # pleasant emotions); elsewhere the predicted emotion's valence stands for it.
             situation = _get(pred, "situation_pleasant")
             components["tone"] = (soft_agreement(details["tone_pleasant"], situation) if situation is not None
-                                  else tone_agreement(details["tone_pleasant"], emotion_valence(predicted)))
+                                  else tone_agreement(details["tone_pleasant"], tone_valence(predicted)))
             if cfg.tone_floor > 0 and components["tone"] is not None and components["tone"] < cfg.tone_floor:
                 toned = components["tone"] / cfg.tone_floor
         if cfg.judge > 0:

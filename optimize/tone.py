@@ -6,9 +6,9 @@ its tone. This head reads the tone of the reply alone.
 
 Inputs are the unit MiniLM embedding ``r`` of a reply. The score is a logistic regression,
 ``P(pleasant) = sigmoid(w . r + b)``, fitted (L-BFGS, L2 with ``C``, deterministic) on the EmpatheticDialogues
-pool's listener replies, each labelled by the valence of its conversation's emotion (happiness and surprise
-groups pleasant, the other four unpleasant; ``trace_dspy.core.openers.emotion_valence``). A seeded fifth of the
-conversations is held out for the dev table.
+pool's listener replies, each labelled by the tone its conversation's emotion asks for (``tone_valence``:
+joyful, proud ... pleasant; sad, angry ... unpleasant; emotions whose situations go either way, such as
+caring or surprised, are left out). A seeded fifth of the conversations is held out for the dev table.
 
 ``agreement(reply, valence)`` is the probability that the reply's tone is the one ``valence`` asks for: the
 metric reports it as ``tone`` and the reply reward scales a candidate down when it falls below the program's
@@ -31,13 +31,39 @@ import numpy as np
 from trace_dspy.core.files import ArrayLimits, MiB, load_header_npz, write_header_npz
 from trace_dspy.optimize.empathy import normalize
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2  # 2: labels from tone_valence (emotions that go either way left out)
 WEIGHTS_FILE = Path(__file__).with_name("tone_head.npz")
 WEIGHT_LIMITS = ArrayLimits(file_bytes=4 * MiB, member_bytes=4 * MiB, total_bytes=16 * MiB, members=4,
                             header_bytes=1 * MiB)
 ARRAYS = ("w", "b")
 VALENCES = ("positive", "negative")
 DEFAULT_C = 1.0
+# The tone each emotion asks a reply for. Ekman groups are too coarse here: in EmpatheticDialogues "caring"
+# is often about a sick relative, "sentimental" and "nostalgic" about a loss, "surprised" about good and bad
+# news alike. Those, and the other emotions whose conversations go either way, ask for no tone: the fit
+# leaves their replies out, and a situation the prior reads as one of them counts as half pleasant.
+PLEASANT_EMOTIONS = frozenset(("joyful", "excited", "proud", "grateful", "impressed", "content", "confident"))
+UNPLEASANT_EMOTIONS = frozenset((
+    "sad", "lonely", "disappointed", "devastated", "guilty", "ashamed", "embarrassed", "angry", "furious",
+    "annoyed", "jealous", "afraid", "terrified", "anxious", "apprehensive", "disgusted"))
+
+
+def tone_valence(emotion) -> str:
+    """"positive", "negative", or "any" for an emotion whose situations go either way (or no label)."""
+    label = str(emotion or "").strip().lower()
+    if label in PLEASANT_EMOTIONS:
+        return "positive"
+    return "negative" if label in UNPLEASANT_EMOTIONS else "any"
+
+
+def situation_pleasantness(candidates) -> float | None:
+    """How pleasant a situation is, from (emotion, probability) pairs: the mass on pleasant emotions plus half
+    the mass on emotions that go either way (None for no pairs)."""
+    if not candidates:
+        return None
+    total = sum(p for _, p in candidates) or 1.0
+    score = sum(p * {"positive": 1.0, "negative": 0.0}.get(tone_valence(e), 0.5) for e, p in candidates)
+    return score / total
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -152,11 +178,9 @@ class ToneFit:
 
 def tone_rows(samples) -> list[tuple[str, str, int]]:
     """(conversation key, listener reply, 1 pleasant / 0 unpleasant) per sample with a reply and a known emotion."""
-    from trace_dspy.core.openers import emotion_valence
-
     rows = []
     for sample in samples:
-        valence = emotion_valence(sample.emotion)
+        valence = tone_valence(sample.emotion)
         if valence in VALENCES and sample.response.strip():
             rows.append((sample.split_key, sample.response, int(valence == "positive")))
     return rows

@@ -337,17 +337,17 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
 
     def situation_pleasant(self, dialogue) -> float | None:
         """How likely the speaker's situation is a pleasant one: the fitted prior's probability mass on the
-        emotions of the happiness and surprise groups (None without a usable prior). Remembered per dialogue:
+        pleasant emotions, plus half its mass on those that go either way (``trace_dspy.optimize.tone``;
+        None without a usable prior). Remembered per dialogue:
         the reply reward asks for it once per candidate."""
         from trace_dspy.core.labels import EMOTIONS
-        from trace_dspy.core.openers import emotion_valence
+        from trace_dspy.optimize.tone import situation_pleasantness
 
         key = str(dialogue)
         with self._situation_lock:
             if key in self._situations:
                 return self._situations[key]
-        candidates = self.prior_candidates(dialogue, len(EMOTIONS))
-        value = None if not candidates else sum(p for e, p in candidates if emotion_valence(e) == "positive")
+        value = situation_pleasantness(self.prior_candidates(dialogue, len(EMOTIONS)))
         with self._situation_lock:
             if len(self._situations) >= 256:
                 self._situations.clear()

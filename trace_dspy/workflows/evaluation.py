@@ -424,11 +424,11 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 
 
 def tone_on_side(row: dict[str, Any]) -> float | None:
-    """1.0 when a row's reply has the tone of its gold emotion's valence (the tone head's P(pleasant) on that
+    """1.0 when a row's reply has the tone its gold emotion asks for (``tone_valence``) (the tone head's P(pleasant) on that
     side of 0.5), 0.0 when not; None without a gold emotion with a valence or without the tone head's score."""
-    from trace_dspy.core.openers import emotion_valence
+    from trace_dspy.optimize.tone import tone_valence
 
-    p, valence = row.get("tone_pleasant"), emotion_valence(row.get("gold_emotion"))
+    p, valence = row.get("tone_pleasant"), tone_valence(row.get("gold_emotion"))
     if p is None or valence == "any":
         return None
     return float((p > 0.5) == (valence == "positive"))
