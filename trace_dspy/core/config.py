@@ -165,12 +165,12 @@ class ProgramConfig:
         share of recent replies that opened with the same two words before it
         chooses; the recorded rewards are unchanged. 0 turns it off.
     tone_floor: the reply reward's tone guard. The metric's tone head
-        (trace_dspy.optimize.tone) gives the probability that a candidate's tone
-        is the one the recognized emotion's valence asks for (pleasant for the
-        happiness and surprise groups, unpleasant for the others); below this
-        floor the candidate's reward is scaled by agreement / floor, so a reply
-        that cheers at bad news loses to one that does not. 0 turns it off. It
-        needs the embed extra (without it the guard is off). Artifacts saved
+        (trace_dspy.optimize.tone) gives the chance that a candidate's tone is
+        on the side of the situation, as pleasant as the emotion prior finds it
+        (``TraceProgram.situation_pleasant``); below this floor the candidate's
+        reward is scaled by agreement / floor, so a reply that cheers at bad
+        news loses to one that does not. 0 turns it off. It needs the embed
+        extra (without it the guard is off, with a warning). Artifacts saved
         before the option existed load with the default.
     planner: how the plan stage decides. ``auto`` (the default): where the
         artifact holds a fitted ``first_plan`` (a compile found that, on the
