@@ -92,7 +92,7 @@ class MetricConfig:
     # Relevance (the learned P(fits), or cosine with a caller's embedder) below this scales the
     # score down (relevance / floor); 0 turns that off.
     relevance_floor: float = 0.4
-    # The tone head's agreement of a reply with the valence of the predicted emotion (optimize.tone) below
+    # The tone head's agreement of a reply with the tone of the situation (optimize.tone) below
     # this scales the score down (tone / floor); 0 (the evaluation's default) only reports it. The reply
     # reward sets it from the program's ``tone_floor``.
     tone_floor: float = 0.0
@@ -137,8 +137,8 @@ SUMMARY_KEYS = (
     "similarity", "judge", "judge_emotional_reaction", "judge_interpretation", "judge_exploration",
     "judge_relevance", "judge_fluency",
     "copied_rate", "parrot_rate", "emotion_acc", "group_acc",
-    # the tone head: mean agreement with the predicted emotion's valence ("tone", a component), and the share
-    # of replies whose tone is on the side of the gold emotion's valence
+    # the tone head: mean agreement with the situation's tone ("tone", a component), and the share of replies
+    # on the side of the gold emotion's tone
     "tone", "tone_agreement",
     # against the gold replies, then diversity and length of the replies
     "bleu1", "bleu2", "bleu3", "bleu4", "rouge_l", "token_f1", "dist1", "dist2", "ead1", "ead2", "length",

@@ -66,9 +66,12 @@ class ReplySearch:
         # opens as many recent ones did gives way to one that does not.
         recent = self.recent_openings
         penalty = self.config.variety_penalty if recent is not None else 0.0
-        plan = max(tried, key=lambda p: tried[p]["best"][1]
-                   - penalty * recent.share(getattr(tried[p]["best"][0], "response", "")) if penalty else
-                   tried[p]["best"][1])
+
+        def standing(p: tuple[str, str]) -> float:
+            result, reward = tried[p]["best"]
+            return reward - penalty * recent.share(getattr(result, "response", "")) if penalty else reward
+
+        plan = max(tried, key=standing)
         if recent is not None:
             recent.add(getattr(tried[plan]["best"][0], "response", ""))
         state["strategy"] = plan[0]
