@@ -27,7 +27,6 @@ fingerprint of the EPITOME files they came from and their dev table.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,12 +241,9 @@ class EmpathyScorer:
     def __init__(self, weights: str | Path | Head | None = None, *, encode: Encoder | None = None):
         self.head = weights if isinstance(weights, Head) else Head.load(weights or WEIGHTS_FILE)
         if encode is None:
-            from trace_dspy.optimize.similarity import get_embedder
+            from trace_dspy.optimize.similarity import embedder_encode
 
-            embedder = get_embedder()
-            if embedder is None:
-                raise ScorerError(NO_EMBED)
-            encode = embedder.encode
+            encode = embedder_encode(ScorerError, NO_EMBED)
         self._encode = encode
 
     @property
@@ -274,20 +270,12 @@ def _as_dict(levels: np.ndarray) -> dict[str, float]:
     return out
 
 
-_SHARED: dict[str, Any] = {}
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_scorer() -> EmpathyScorer | None:
     """The process-wide scorer from the shipped weights; None without the ``embed`` extra.
 
     A missing or damaged weights file raises ScorerError: it is a broken
     install, not an optional part.
     """
-    with _SHARED_LOCK:
-        if "scorer" not in _SHARED:
-            from trace_dspy.optimize.similarity import get_embedder
+    from trace_dspy.optimize.similarity import shared_on_embedder
 
-            embedder = get_embedder()
-            _SHARED["scorer"] = None if embedder is None else EmpathyScorer(encode=embedder.encode)
-        return _SHARED["scorer"]
+    return shared_on_embedder("empathy", lambda encode: EmpathyScorer(encode=encode))

@@ -24,7 +24,6 @@ The weights ship beside this module as ``relevance_head.npz`` (no pickle);
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,12 +109,9 @@ class RelevanceScorer:
     def __init__(self, weights: str | Path | RelevanceHead | None = None, *, encode: Encoder | None = None):
         self.head = weights if isinstance(weights, RelevanceHead) else RelevanceHead.load(weights or WEIGHTS_FILE)
         if encode is None:
-            from trace_dspy.optimize.similarity import get_embedder
+            from trace_dspy.optimize.similarity import embedder_encode
 
-            embedder = get_embedder()
-            if embedder is None:
-                raise RelevanceError('the relevance head needs the "embed" extra')
-            encode = embedder.encode
+            encode = embedder_encode(RelevanceError, 'the relevance head needs the "embed" extra')
         self._encode = encode
 
     @property
@@ -216,19 +212,11 @@ def mismatch(n: int) -> np.ndarray:
     return (np.arange(n) + max(1, n // 2)) % n
 
 
-_SHARED: dict[str, Any] = {}
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_relevance() -> RelevanceScorer | None:
     """The process-wide head from the shipped weights; None without the ``embed`` extra."""
-    with _SHARED_LOCK:
-        if "scorer" not in _SHARED:
-            from trace_dspy.optimize.similarity import get_embedder
+    from trace_dspy.optimize.similarity import shared_on_embedder
 
-            embedder = get_embedder()
-            _SHARED["scorer"] = None if embedder is None else RelevanceScorer(encode=embedder.encode)
-        return _SHARED["scorer"]
+    return shared_on_embedder("relevance", lambda encode: RelevanceScorer(encode=encode))
 
 
 # ---------------------------------------------------------------- the fit on the ED pool

@@ -85,3 +85,27 @@ def get_embedder() -> Embedder | None:
                 return None
             _EMBEDDER = Embedder(path)
         return _EMBEDDER
+
+
+def embedder_encode(error: type[Exception], message: str):
+    """The process-wide embedder's ``encode``; ``error(message)`` without the extra (a scorer that was asked for
+    explicitly cannot run)."""
+    embedder = get_embedder()
+    if embedder is None:
+        raise error(message)
+    return embedder.encode
+
+
+_SHARED_HEADS: dict[str, object] = {}
+_SHARED_HEADS_LOCK = threading.Lock()
+
+
+def shared_on_embedder(name: str, make):
+    """The process-wide scorer ``name``, made once as ``make(encode)`` on the default embedder; None without the
+    ``embed`` extra. An error from ``make`` (a missing or damaged weights file: a broken install) propagates and
+    nothing is kept, so the next call tries again."""
+    with _SHARED_HEADS_LOCK:
+        if name not in _SHARED_HEADS:
+            embedder = get_embedder()
+            _SHARED_HEADS[name] = None if embedder is None else make(embedder.encode)
+        return _SHARED_HEADS[name]

@@ -21,7 +21,6 @@ them from the ED pool.
 from __future__ import annotations
 
 import random
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,12 +123,9 @@ class ToneScorer:
     def __init__(self, weights: str | Path | ToneHead | None = None, *, encode: Encoder | None = None):
         self.head = weights if isinstance(weights, ToneHead) else ToneHead.load(weights or WEIGHTS_FILE)
         if encode is None:
-            from trace_dspy.optimize.similarity import get_embedder
+            from trace_dspy.optimize.similarity import embedder_encode
 
-            embedder = get_embedder()
-            if embedder is None:
-                raise ToneError('the tone head needs the "embed" extra')
-            encode = embedder.encode
+            encode = embedder_encode(ToneError, 'the tone head needs the "embed" extra')
         self._encode = encode
 
     @property
@@ -152,19 +148,11 @@ class ToneScorer:
         return None if valence not in VALENCES else agreement(self.pleasant(reply), valence)
 
 
-_SHARED: dict[str, Any] = {}
-_SHARED_LOCK = threading.Lock()
-
-
 def shared_tone() -> ToneScorer | None:
     """The process-wide head from the shipped weights; None without the ``embed`` extra."""
-    with _SHARED_LOCK:
-        if "scorer" not in _SHARED:
-            from trace_dspy.optimize.similarity import get_embedder
+    from trace_dspy.optimize.similarity import shared_on_embedder
 
-            embedder = get_embedder()
-            _SHARED["scorer"] = None if embedder is None else ToneScorer(encode=embedder.encode)
-        return _SHARED["scorer"]
+    return shared_on_embedder("tone", lambda encode: ToneScorer(encode=encode))
 
 
 # ---------------------------------------------------------------- the fit on the ED pool
