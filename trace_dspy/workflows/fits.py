@@ -93,6 +93,24 @@ def _check_or_save(head, table: dict, *, output: Path, limit: int | None, check:
     return None
 
 
+def _refit_head(name: str, announce: str, fit: Callable, describe: Callable, extras: Callable, *, output: Path,
+                limit: int | None, check: bool, load_error: type, same: Callable, json_path: Path | None,
+                command: str) -> Refit:
+    """A head's refit after its data and embedder are in hand: say what is fitted, ``fit()`` (a result with
+    ``head`` and ``table``), then check or save it (``_check_or_save``, with ``extras(result)`` recorded on a
+    full refit), each phase under a heartbeat; ``describe(result)`` is the text the command prints."""
+    print(announce, file=sys.stderr, flush=True)
+    with heartbeat(name) as phase:
+        phase.note("embedding and fitting")
+        result = fit()
+    with heartbeat(name) as phase:
+        phase.note("checking" if check else "the reproduce run and saving")
+        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
+                                 load_error=load_error, same=same, json_path=json_path, command=command,
+                                 extras=lambda: extras(result))
+    return Refit(describe(result), output, matches)
+
+
 def recorded_table_matches(shipped_meta: dict[str, Any], limit: int | None, table: dict, same) -> bool:
     """Whether a refit's dev table equals the one recorded in the shipped head.
 
@@ -194,19 +212,15 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
     )
 
     source, embedder = _ed_pool(data, seed, limit, "the relevance head")
-    output = output or WEIGHTS_FILE
     rows = pool_rows(source, limit, seed)
-    print(f"ED pool {source.location}: {len(rows)} rows ({source.fingerprint}); embedding and fitting ...",
-          file=sys.stderr, flush=True)
     meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
-    with heartbeat("relevance head") as phase:
-        phase.note("embedding and fitting")
-        result = fit_pool(rows, embedder.encode, seed=seed, meta=meta)
-    m = result.head.meta
-    text = (f"train {m['train_rows']} rows, held out {m['held_out_rows']} rows / {m['held_out_conversations']} "
-            f"conversations; {m['epochs']} epochs\n" + relevance_table_text(result.table))
 
-    def extras() -> dict:
+    def describe(result) -> str:
+        m = result.head.meta
+        return (f"train {m['train_rows']} rows, held out {m['held_out_rows']} rows / {m['held_out_conversations']} "
+                f"conversations; {m['epochs']} epochs\n" + relevance_table_text(result.table))
+
+    def extras(result) -> dict:
         small = fit_pool(pool_rows(source, RELEVANCE_REPRODUCE_LIMIT, seed), embedder.encode, seed=seed)
         scorer = RelevanceScorer(result.head, encode=embedder.encode)
         probes = RELEVANCE_PROBES
@@ -214,12 +228,12 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
         return {"reproduce": {"limit": RELEVANCE_REPRODUCE_LIMIT, "dev_table": small.table},
                 "probes": [{"speaker": p, "reply": r, "p": s} for (p, r), s in zip(probes, scores)]}
 
-    with heartbeat("relevance head") as phase:
-        phase.note("checking" if check else "the reproduce run and saving")
-        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
-                                 load_error=RelevanceError, same=same_relevance_table, json_path=json_path,
-                                 command=command, extras=extras)
-    return Refit(text, output, matches)
+    return _refit_head(
+        "relevance head",
+        f"ED pool {source.location}: {len(rows)} rows ({source.fingerprint}); embedding and fitting ...",
+        lambda: fit_pool(rows, embedder.encode, seed=seed, meta=meta), describe, extras,
+        output=output or WEIGHTS_FILE, limit=limit, check=check, load_error=RelevanceError,
+        same=same_relevance_table, json_path=json_path, command=command)
 
 
 def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0.25, limit: int | None = None,
@@ -241,18 +255,13 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
     except EpitomeError as exc:
         raise FitError(str(exc)) from exc
     embedder = _embedder("fitting the scorer")
-    output = output or WEIGHTS_FILE
-    print(f"EPITOME {data.folder}: {len(data.pairs)} pairs ({data.fingerprint}); embedding and fitting ...",
-          file=sys.stderr, flush=True)
-    with heartbeat("empathy scorer") as phase:
-        phase.note("embedding and fitting")
-        result = fit_epitome(data, embedder.encode, seed=seed, dev_fraction=dev_fraction, limit=limit, l2=l2,
-                             meta={"embedding_model": EMBEDDING_MODEL})
-    meta = result.head.meta
-    text = (f"train {meta['train_pairs']} pairs / {meta['train_posts']} posts, dev {meta['dev_pairs']} pairs / "
-            f"{meta['dev_posts']} posts; L2 {meta['l2']}\n" + format_fit_table(result.table))
 
-    def extras() -> dict:
+    def describe(result) -> str:
+        meta = result.head.meta
+        return (f"train {meta['train_pairs']} pairs / {meta['train_posts']} posts, dev {meta['dev_pairs']} pairs / "
+                f"{meta['dev_posts']} posts; L2 {meta['l2']}\n" + format_fit_table(result.table))
+
+    def extras(result) -> dict:
         small = fit_epitome(data, embedder.encode, seed=seed, dev_fraction=dev_fraction,
                             limit=EMPATHY_REPRODUCE_LIMIT, l2=l2)
         probes = EMPATHY_PROBES
@@ -262,12 +271,13 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
                 "probes": [{"seeker": p, "reply": r, "levels": [float(v) for v in row]}
                            for (p, r), row in zip(probes, levels)]}
 
-    with heartbeat("empathy scorer") as phase:
-        phase.note("checking" if check else "the reproduce run and saving")
-        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
-                                 load_error=ScorerError, same=same_empathy_table, json_path=json_path,
-                                 command=command, extras=extras)
-    return Refit(text, output, matches)
+    return _refit_head(
+        "empathy scorer",
+        f"EPITOME {data.folder}: {len(data.pairs)} pairs ({data.fingerprint}); embedding and fitting ...",
+        lambda: fit_epitome(data, embedder.encode, seed=seed, dev_fraction=dev_fraction, limit=limit, l2=l2,
+                            meta={"embedding_model": EMBEDDING_MODEL}),
+        describe, extras, output=output or WEIGHTS_FILE, limit=limit, check=check, load_error=ScorerError,
+        same=same_empathy_table, json_path=json_path, command=command)
 
 
 def refit_prior(data: str, *, situations: str | None, seed: int = 0, output: Path, refit_on_dev: bool = False
@@ -296,32 +306,28 @@ def refit_tone(data: str | None, *, seed: int = 0, limit: int | None = None, out
     from trace_dspy.optimize.tone import WEIGHTS_FILE, ToneError, ToneScorer, fit_tone, tone_rows
 
     source, embedder = _ed_pool(data, seed, limit, "the tone head")
-    output = output or WEIGHTS_FILE
 
     def rows_of(n: int | None):
         keys = {r[0] for r in pool_rows(source, n, seed)}  # the same seeded conversations as the other heads
         return [r for r in tone_rows(source.pool) if r[0] in keys]
 
     rows = rows_of(limit)
-    print(f"ED pool {source.location}: {len(rows)} replies ({source.fingerprint}); embedding and fitting ...",
-          file=sys.stderr, flush=True)
     meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
-    with heartbeat("tone head") as phase:
-        phase.note("embedding and fitting")
-        result = fit_tone(rows, embedder.encode, seed=seed, meta=meta)
-    m = result.head.meta
-    text = (f"train {m['train_rows']} replies, held out {m['held_out_rows']} replies / "
-            f"{m['held_out_conversations']} conversations\n" + tone_table_text(result.table))
 
-    def extras() -> dict:
+    def describe(result) -> str:
+        m = result.head.meta
+        return (f"train {m['train_rows']} replies, held out {m['held_out_rows']} replies / "
+                f"{m['held_out_conversations']} conversations\n" + tone_table_text(result.table))
+
+    def extras(result) -> dict:
         small = fit_tone(rows_of(TONE_REPRODUCE_LIMIT), embedder.encode, seed=seed)
         scores = ToneScorer(result.head, encode=embedder.encode).pleasant_batch(list(TONE_PROBES))
         return {"reproduce": {"limit": TONE_REPRODUCE_LIMIT, "dev_table": small.table},
                 "probes": [{"reply": r, "p_pleasant": p} for r, p in zip(TONE_PROBES, scores)]}
 
-    with heartbeat("tone head") as phase:
-        phase.note("checking" if check else "the reproduce run and saving")
-        matches = _check_or_save(result.head, result.table, output=output, limit=limit, check=check,
-                                 load_error=ToneError, same=same_relevance_table, json_path=json_path,
-                                 command=command, extras=extras)
-    return Refit(text, output, matches)
+    return _refit_head(
+        "tone head",
+        f"ED pool {source.location}: {len(rows)} replies ({source.fingerprint}); embedding and fitting ...",
+        lambda: fit_tone(rows, embedder.encode, seed=seed, meta=meta), describe, extras,
+        output=output or WEIGHTS_FILE, limit=limit, check=check, load_error=ToneError, same=same_relevance_table,
+        json_path=json_path, command=command)
