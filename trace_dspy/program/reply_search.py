@@ -115,18 +115,16 @@ class ReplySearch:
         """The reward's metric: the default one with the reply guards and the program's tone floor (off, with a
         warning once, where the tone head cannot run)."""
         from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+        from trace_dspy.optimize.tone import shared_tone
 
         floor = self.config.tone_floor
-        metric = EmpathyMetric(copy_sources=demos, reply_guards=True)
-        if floor > 0 and metric.tone is None:
+        if floor > 0 and shared_tone() is None:  # the metric finds the same head (None: no embed extra)
             from trace_dspy.core.console import warn_once
             from trace_dspy.optimize.similarity import MISSING_EMBED
 
             warn_once(_log, "tone_floor", "the reply reward's tone guard is off: %s", MISSING_EMBED.split(";")[0])
             floor = 0.0
-        return EmpathyMetric(MetricConfig(tone_floor=floor), copy_sources=demos, reply_guards=True,
-                             embedder=metric.embedder, scorer=metric.scorer, relevance=metric.relevance,
-                             tone=metric.tone)
+        return EmpathyMetric(MetricConfig(tone_floor=floor), copy_sources=demos, reply_guards=True)
 
     def _best_reply(self, predictor, inputs: dict):
         """The first reply as configured; below the threshold, ``dspy.BestOfN`` samples the rest.
