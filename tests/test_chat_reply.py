@@ -191,7 +191,7 @@ def test_tidy_text(raw, prose):
     (("ER", "IP"), 1, ["Oh, that is", "I can imagine how"]),  # a further candidate: the next openers
     (("IP", "IP"), 0, ["You must be feeling", "I can imagine how"]),  # one mechanism: two of its sentences
     (("EX", "EX"), 0, ["That sounds", "How are you feeling"]),  # questions only: acknowledge first
-    ((None, None), 2, ["I'm so", "How did"]),  # no plan (strategy stage off)
+    ((None, None), 2, ["Oh, wow", "How did"]),  # no plan (strategy stage off)
     (("ER", "EX"), 3, ["That sounds", "How are you feeling"]),  # the openers come round again
 ])
 def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
@@ -203,9 +203,9 @@ def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
 def _continuing(prefills: list):
     """A writer that goes on from each opener, one sentence and then some words a reply must not keep."""
     goes_on = {"That sounds": " awful, losing it on the bus. Anyway the bus", "How are you feeling": " about it now? I",
-               "Oh, that is": ".", "What happened": " to your wallet after that? Tell", "I'm so": " sorry.",
+               "Oh, that is": ".", "Oh, wow": "!", "What happened": " to your wallet after that? Tell", "I'm so": " sorry.",
                "How did": " not matter in the end.", "You must be feeling": " low about losing it on the bus.",
-               "I can imagine how": " losing it on the bus hurts."}
+               "I can imagine how": " losing it on the bus hurts.", "That must be so": " low about losing it on the bus."}
 
     def responder(outputs, inputs):
         if "prefill" not in inputs:  # another stage: the default answers
@@ -242,13 +242,17 @@ def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary
     with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)):  # BestOfN's first sample
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
     assert pred.response == "What happened to your wallet after that?"
-    assert prefills == ["Oh, that is", "What happened"]
-    # One word after the opener is a sentence; a question opener made a statement is not kept.
+    # The model went on from neither the lead nor the next candidate's lead in its place.
+    assert prefills == ["Oh, that is", "Oh, wow", "What happened"]
+    # A question opener made a statement is not kept: the next candidate's question is asked in its place, as
+    # the next lead is where the model does not go on from this one.
     with dspy.context(lm=lm.copy(rollout_id=1), adapter=ChatReplyAdapter(scaffold=True)):
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
-    assert prefills[-2:] == ["I'm so", "I'm so sorry. How did"]
-    assert pred.response == "I'm so sorry."
-    # A second sentence that only says the first one's words again is cut to its opener, and left out.
+    assert prefills[3:] == ["Oh, wow", "That sounds", "That sounds awful, losing it on the bus. How did",
+                            "That sounds awful, losing it on the bus. How are you feeling"]
+    assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
+    # A second sentence that only says the first one's words again is cut to its opener, and left out (as is the
+    # next candidate's in its place, which says them too).
     inputs = reply_inputs(strategy="IP", secondary_strategy="IP")
     with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
@@ -299,4 +303,5 @@ def test_when_the_model_goes_on_from_no_opener_the_reply_is_asked_for_whole():
     with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
         pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
     assert pred.response == "Oh no. Did anyone hand it in?"
-    assert [m[-1]["role"] for m in (h["messages"] for h in lm.history)] == ["assistant", "assistant", "user"]
+    # Each opener and the next candidate's in its place were tried before the whole reply was asked for.
+    assert [m[-1]["role"] for m in (h["messages"] for h in lm.history)] == ["assistant"] * 4 + ["user"]

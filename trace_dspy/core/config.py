@@ -195,7 +195,7 @@ class ProgramConfig:
     best_of: int | str = "auto"
     best_of_threshold: float = 0.6
     tone_floor: float = 0.5
-    opener_variety: int = 1
+    opener_variety: int = 3
     variety_penalty: float = 0.2
     planner: str = "auto"
     reply_exemplars: bool = True

@@ -13,10 +13,46 @@ from __future__ import annotations
 # names a fitting feeling itself ("... really disappointed." to a failed driving test). The first opener of
 # each mechanism is the first reply's; further candidates (rollout 1, 2, ...) take the next ones.
 SCAFFOLD_OPENERS = {
-    "ER": ("That sounds", "Oh, that is", "I'm so"),
-    "IP": ("You must be feeling", "I can imagine how", "It must be"),
+    "ER": ("That sounds", "Oh, that is", "Oh, wow"),
+    "IP": ("You must be feeling", "I can imagine how", "That must be so"),
     "EX": ("How are you feeling", "What happened", "How did"),
 }
+
+
+# Where the emotion prior is sure of the situation's tone, the reply acknowledges it in a whole sentence of that
+# tone (said as it is: the model only writes the sentence after it) and may ask in that tone. Asked to go on
+# from a neutral opener, SmolLM2-135M answers good and bad news alike with "That sounds ..."; a toned opener it
+# goes on from ("Congratulations", "Wow, that") it often turns ("Wow, that's a shame"). The bands' bounds are
+# the prior's situation pleasantness (``trace_dspy.optimize.tone.situation_pleasantness``) where its valence
+# was right 99% of the time on 700 single-turn ED validation situations (docs/results/replies.md, "Tone bands").
+TONE_BANDS = ("unpleasant", "mixed", "pleasant")
+UNPLEASANT_AT_MOST = 0.2
+PLEASANT_AT_LEAST = 0.75
+BAND_OPENERS = {
+    "pleasant": {
+        "ER": ("That's wonderful news!", "How exciting!", "I'm so happy for you!", "That's great to hear!",
+               "What lovely news!"),
+        "EX": ("How are you feeling", "How did you"),
+    },
+    "unpleasant": {
+        "ER": ("I'm so sorry to hear that.", "Oh no, that's awful.", "That's really hard.", "Oh, I'm sorry."),
+        "EX": ("How are you feeling", "How are you holding up"),
+    },
+}
+
+
+def tone_band(pleasant) -> str:
+    """The tone band of a situation from its pleasantness (0 to 1; None, no prior: "mixed")."""
+    if pleasant is None:
+        return "mixed"
+    if pleasant <= UNPLEASANT_AT_MOST:
+        return "unpleasant"
+    return "pleasant" if pleasant >= PLEASANT_AT_LEAST else "mixed"
+
+
+def whole_sentence(opener: str) -> bool:
+    """Is ``opener`` a sentence said as it is (it ends in ".", "!" or "?") rather than one the model goes on from?"""
+    return opener.rstrip()[-1:] in (".", "!", "?")
 
 
 # The openers a compile may choose from with --opener-items (trace_dspy.optimize.openers ranks them by the metric
@@ -24,11 +60,12 @@ SCAFFOLD_OPENERS = {
 # artifact). The stock openers come first; the others range from neutral to toned, and a toned one may only
 # answer its own valence (TONED_OPENERS).
 OPENER_POOL = {
-    "ER": ("That sounds", "Oh, that is", "I'm so", "Oh no, that sounds", "I'm so sorry", "That's so",
+    "ER": ("That sounds", "Oh, that is", "Oh, wow", "I'm so", "Oh no, that sounds", "I'm so sorry", "That's so",
            "Wow, that", "I'm really glad"),
-    "IP": ("You must be feeling", "I can imagine how", "It must be", "You must have been", "I know how",
-           "That must have been"),
-    "EX": ("How are you feeling", "What happened", "How did", "How are you", "What did you", "Do you"),
+    "IP": ("You must be feeling", "I can imagine how", "That must be so", "It must be", "You must have been",
+           "I know how", "That must have been"),
+    "EX": ("How are you feeling", "What happened", "How did", "How are you", "What did you", "Do you",
+           "How did you", "How are you holding up"),
 }
 # Openers with a tone, and the only valence they may answer: nobody should hear "Oh no" about good news, whatever
 # a metric says (the compile's first fit on ED ranked "Oh no, that sounds" first for pleasant emotions too, on

@@ -28,6 +28,7 @@ from trace_dspy.program.parts import FittedParts
 from trace_dspy.program.reflection import Reflection
 from trace_dspy.program.reply_search import ReplySearch
 from trace_dspy.program.reply_adapter import ChatReplyAdapter, chat_reply_adapter
+from trace_dspy.program.reply_cue import ReplyCue, reply_cue
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
@@ -449,7 +450,12 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             state["plan_path"] = self.planner_path(self.lm_for(stage))
             if state["plan_path"] == "fitted":  # the compile found the planner call did not pay
                 return dspy.Prediction(strategy=self.first_plan[0], secondary_strategy=self.first_plan[1])
-        with self._stage_context(stage):
+        cue = nullcontext()
+        if stage == "generate_response" and self.reply_format(self.lm_for(stage) or dspy.settings.lm) == "scaffold":
+            # the scaffolded reply's openers follow the situation's tone band and the recent openings
+            cue = reply_cue(ReplyCue(pleasant=self.situation_pleasant(state["dialogue"]),
+                                     recent=self.recent_openings))
+        with self._stage_context(stage), cue:
             if stage == "generate_response" and self.race_plans() and "strategy" in inputs:
                 return self._plan_replies(predictor, inputs, state)
             if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import textwrap
 
-from trace_dspy.core.openers import OPENER_POOL, check_openers
+from trace_dspy.core.openers import OPENER_POOL, check_openers, whole_sentence
 from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, OutputConstraint
+from trace_dspy.program.reply_cue import current_cue
 from trace_dspy.program.reply_text import (
     clean_reply,
     first_sentence,
@@ -83,8 +84,6 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
 
     def _scaffolded(self, lm, lm_kwargs, signature, demos, inputs):
         """One LM call per sentence: each continues its opener after the sentences written so far."""
-        from dspy.clients._deprecation import adapter_message_call
-
         messages = self.format(signature, demos, inputs)
         # dspy.BestOfN numbers its samples by rollout id from 0; the first reply (no rollout id) is candidate 0.
         rollout = lm_kwargs.get("rollout_id", lm.kwargs.get("rollout_id"))
@@ -93,27 +92,47 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         if getattr(lm, "takes_output_constraint", False):  # only the first sentence is kept: stop after it
             kwargs[CONSTRAINT_KWARG] = OutputConstraint.plain_text("response", max_sentences=1)
         said: list[str] = []
-        for opener in scaffold_openers(inputs, candidate, openers_for(inputs, self.openers), self.variety):
-            call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
-            with adapter_message_call(lm, call):
-                outputs = lm(messages=call, **kwargs)
-            text = outputs[0].get("text") if isinstance(outputs[0], dict) else outputs[0]
-            sentence = first_sentence(f"{opener}{text or ''}", opener)
-            # Cleaned with what was said before, as the whole reply will be: a run of words said again is cut
-            # ("... the part you wanted to play. I can imagine how you wanted to play" keeps "I can imagine how").
-            if said:
-                before = " ".join(said)
-                together = clean_reply(f"{before} {sentence}")
-                if together.startswith(before):
-                    sentence = together[len(before):].strip()
-            # Left out: an opener the model did not go on from, and a question opener it made a statement of
-            # ("What happened next was sad.").
-            if len(words(sentence)) > len(words(opener)) \
-                    and (opener not in OPENER_POOL["EX"] or sentence.endswith("?")):
+        cue = current_cue()
+        table = openers_for(inputs, self.openers, cue.band)
+        leads = scaffold_openers(inputs, candidate, table, self.variety, cue.recent)
+        # The next candidate's openers, for a sentence the model does not go on from: a reply that only asks
+        # ("How are you feeling about that?" to a father's all-clear), or only acknowledges, reads curt.
+        spares = scaffold_openers(inputs, candidate + 1, table, self.variety, cue.recent)
+        for opener, spare in zip(leads, spares):
+            sentence = self._sentence(lm, messages, said, opener, kwargs)
+            if sentence is None and spare != opener:
+                sentence = self._sentence(lm, messages, said, spare, kwargs)
+            if sentence is not None:
                 said.append(sentence)
         if not said:  # the model went on from no opener: ask for the whole reply instead (the chat layout)
             return super().__call__(lm, lm_kwargs, signature, demos, inputs)
         return self._call_postprocess(signature, signature, [" ".join(said)], lm, lm_kwargs)
+
+    @staticmethod
+    def _sentence(lm, messages, said: list[str], opener: str, kwargs) -> str | None:
+        """The sentence begun with ``opener`` after the sentences ``said``; None where it is left out."""
+        from dspy.clients._deprecation import adapter_message_call
+
+        if whole_sentence(opener):  # said as it is: there is nothing for the model to go on from
+            return opener
+        call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
+        with adapter_message_call(lm, call):
+            outputs = lm(messages=call, **kwargs)
+        text = outputs[0].get("text") if isinstance(outputs[0], dict) else outputs[0]
+        sentence = first_sentence(f"{opener}{text or ''}", opener)
+        # Cleaned with what was said before, as the whole reply will be: a run of words said again is cut
+        # ("... the part you wanted to play. I can imagine how you wanted to play" keeps "I can imagine how").
+        if said:
+            before = " ".join(said)
+            together = clean_reply(f"{before} {sentence}")
+            if together.startswith(before):
+                sentence = together[len(before):].strip()
+        # Left out: an opener the model did not go on from, and a question opener it made a statement of
+        # ("What happened next was sad.").
+        if len(words(sentence)) > len(words(opener)) \
+                and (opener not in OPENER_POOL["EX"] or sentence.endswith("?")):
+            return sentence
+        return None
 
     def format(self, signature, demos, inputs):
         if not is_reply_signature(signature):

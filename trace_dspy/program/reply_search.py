@@ -64,14 +64,8 @@ class ReplySearch:
                     break
         # The first of equals: the LM's own plan first. With a history of openings (respond, chat), a reply that
         # opens as many recent ones did gives way to one that does not.
+        plan = max(tried, key=lambda p: self._standing(*tried[p]["best"]))
         recent = self.recent_openings
-        penalty = self.config.variety_penalty if recent is not None else 0.0
-
-        def standing(p: tuple[str, str]) -> float:
-            result, reward = tried[p]["best"]
-            return reward - penalty * recent.share(getattr(result, "response", "")) if penalty else reward
-
-        plan = max(tried, key=standing)
         if recent is not None:
             recent.add(getattr(tried[plan]["best"][0], "response", ""))
         state["strategy"] = plan[0]
@@ -81,6 +75,14 @@ class ReplySearch:
                                 for p, t in tried.items()]
         state["reply_rewards"] = [r for t in tried.values() for r in t["rewards"]]
         return tried[plan]["best"][0]
+
+    def _standing(self, pred, reward: float) -> float:
+        """What a candidate is chosen by: its reward, less ``variety_penalty`` times the share of recent replies
+        that opened as it does (with a history of openings; without one, the reward)."""
+        recent = self.recent_openings
+        if recent is None or not self.config.variety_penalty:
+            return reward
+        return reward - self.config.variety_penalty * recent.share(getattr(pred, "response", ""))
 
     @staticmethod
     def _plan_inputs(inputs: dict, plan: tuple[str, str]) -> dict:
@@ -141,10 +143,12 @@ class ReplySearch:
     def _sample_better(self, predictor, inputs: dict, first: tuple, rewards: list[float], n: int) -> tuple:
         """Up to ``n`` sampled candidates after the ``first`` (prediction, reward), whose reward is ``rewards[0]``;
         the best sample replaces it only when it scores higher (every attempt failing keeps it)."""
-        sampled = self._more_replies(predictor, inputs, rewards, n)
-        if sampled is None or len(rewards) == 1 or max(rewards[1:]) <= first[1]:
+        standings: list[float] = []
+        base = len(rewards)
+        sampled = self._more_replies(predictor, inputs, rewards, n, standings)
+        if sampled is None or not standings or max(standings) <= self._standing(*first):
             return first
-        return sampled, max(rewards[1:])
+        return sampled, rewards[base + standings.index(max(standings))]
 
     def _first_reply(self, predictor, inputs: dict) -> tuple[dspy.Prediction, float]:
         """The reply as configured (greedy on the embedded model) and its reward."""
@@ -153,17 +157,19 @@ class ReplySearch:
         _candidate_span(1, first, reward)
         return first, reward
 
-    def _more_replies(self, predictor, inputs: dict, rewards: list[float], n: int):
+    def _more_replies(self, predictor, inputs: dict, rewards: list[float], n: int, standings: list[float]):
         """Up to ``n`` sampled candidates (``dspy.BestOfN``, stopping at the threshold); each reward is appended
-        to ``rewards``. Returns the best sampled prediction, or None when every attempt failed."""
+        to ``rewards`` and what it is chosen by (``_standing``) to ``standings``. Returns the sample that stands
+        best, or None when every attempt failed."""
         trace = dspy.settings.trace
         mark = len(trace) if trace is not None else 0
 
         def reward(args, pred):
             value = self.reply_reward(args, pred)
             rewards.append(value)
+            standings.append(self._standing(pred, value))
             _candidate_span(len(rewards), pred, value)
-            return value
+            return standings[-1]
 
         sampled = dspy.BestOfN(module=predictor, N=n, threshold=self.config.best_of_threshold,
                                reward_fn=reward)(**inputs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from trace_dspy.core.openers import SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds
+from trace_dspy.core.openers import BAND_OPENERS, SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds, whole_sentence
 from trace_dspy.core.text import loop_start, sentences
 
 # How each planned mechanism is asked for, in words a small chat model follows.
@@ -22,13 +22,16 @@ _ROLE_PREFIX = re.compile(r"^\s*(?:(?:speaker|listener|assistant|user|reply|resp
                           re.IGNORECASE)
 
 
-def openers_for(inputs: dict, fitted=None) -> dict[str, tuple[str, ...]]:
+def openers_for(inputs: dict, fitted=None, band: str = "mixed") -> dict[str, tuple[str, ...]]:
     """The openers of each mechanism for this reply: the fitted ones of the emotion's valence (then "any"),
-    else the stock ``SCAFFOLD_OPENERS``."""
-    if not fitted:
-        return SCAFFOLD_OPENERS
-    table = fitted.get(emotion_valence(inputs.get("emotion"))) or fitted.get("any") or {}
-    return {kind: tuple(table.get(kind) or stock) for kind, stock in SCAFFOLD_OPENERS.items()}
+    else the stock ``SCAFFOLD_OPENERS``; in a sure tone ``band`` ("pleasant", "unpleasant"), that band's
+    acknowledgements and questions (``BAND_OPENERS``) in their place."""
+    table = SCAFFOLD_OPENERS
+    if fitted:
+        chosen = fitted.get(emotion_valence(inputs.get("emotion"))) or fitted.get("any") or {}
+        table = {kind: tuple(chosen.get(kind) or stock) for kind, stock in SCAFFOLD_OPENERS.items()}
+    toned = BAND_OPENERS.get(band, {})
+    return {kind: tuple(toned.get(kind) or options) for kind, options in table.items()}
 
 
 def opener_offset(inputs: dict, kind: str, variety: int) -> int:
@@ -47,13 +50,15 @@ def opener_offset(inputs: dict, kind: str, variety: int) -> int:
     return int.from_bytes(digest[:4], "big") % variety
 
 
-def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: int = 1) -> list[str]:
+def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: int = 1, recent=None) -> list[str]:
     """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
 
     ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
     ``openers_for``). The first reply takes, for each mechanism but the question (EX), one of its first
-    ``variety`` openers (``opener_offset``: 1 always takes the best); candidate c takes the c-th after it,
-    coming round again past the last.
+    ``variety`` openers, or of all of them where they are whole sentences (a tone band's acknowledgements):
+    with ``recent`` (a ``RecentOpenings`` history), the one recent replies opened with least, counted from
+    this message's place (``opener_offset``); without, that place (1 always takes the best). Candidate c
+    takes the c-th after it, coming round again past the last.
     """
     openers = openers or SCAFFOLD_OPENERS
     kinds = scaffold_kinds(inputs)
@@ -63,7 +68,13 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
         repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
         # The question keeps its best opener: read side by side, "What happened to the doctor?" and "How did you
         # miss him?" were worse than the best-ranked question, where other leads were not.
-        start = 0 if kind == "EX" else opener_offset(inputs, kind, min(variety, len(options)))
+        start = 0
+        if kind != "EX":
+            count = len(options) if all(whole_sentence(o) for o in options) else min(variety, len(options))
+            start = opener_offset(inputs, kind, count)
+            if recent is not None and count > 1:
+                ordered = [options[(start + i) % count] for i in range(count)]
+                start = (start + recent.least_used(ordered)) % count
         chosen.append(options[(start + candidate + repeat) % len(options)])
     return chosen
 

@@ -39,6 +39,14 @@ class RecentOpenings:
         with self._lock:
             return sum(o == key for o in self._seen) / len(self._seen) if self._seen and key else 0.0
 
+    def least_used(self, options) -> int:
+        """The index of the first of ``options`` (replies or openers) whose opening the recent replies used
+        least (0 with no options)."""
+        keys = [opening(o) for o in options]
+        with self._lock:
+            counts = [sum(seen == key for seen in self._seen) for key in keys]
+        return min(range(len(counts)), key=counts.__getitem__) if counts else 0
+
     def add(self, reply: str) -> None:
         key = opening(reply)
         if key:
