@@ -346,17 +346,22 @@ def echoed_span(reply: str, speaker_turns: Sequence[str], min_words: int = ECHO_
     return best
 
 
-def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
-    """A reply that opens with "my grandma" to a speaker who said "my grandma": the listener talking as
-    the speaker about the speaker's own person or thing. Returns the phrase, else None.
+_VOCATIVE = re.compile(r",\s*my\s+([a-z]+)\s*[.!?]", re.IGNORECASE)
 
-    Only the opening counts: later in a reply "my mum" is usually the listener's
-    own story ("I lost my mum too"), which human raters score as empathy.
+
+def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
+    """A reply that opens with "my grandma", or calls the speaker "my son" (", my son."), to a speaker who said
+    "my grandma" or "my son": the listener talking as the speaker about the speaker's own person or thing.
+    Returns the phrase, else None.
+
+    Only the opening and the address count: elsewhere in a reply "my mum" is
+    usually the listener's own story ("I lost my mum too"), which human raters
+    score as empathy.
     """
     def pairs(tokens: list[str]) -> set[str]:
         return {f"my {w}" for a, w in zip(tokens, tokens[1:]) if a == "my" and w not in STOPWORDS}
 
-    opening = pairs(_words(reply)[:2])
+    opening = pairs(_words(reply)[:2]) | {f"my {w.lower()}" for w in _VOCATIVE.findall(reply)}
     theirs = set().union(*(pairs(_words(t)) for t in speaker_turns))
     said = sorted(opening & theirs)
     return said[0] if said else None

@@ -71,6 +71,10 @@ def test_with_a_history_the_first_reply_takes_the_least_used_opener():
     stock = [scaffold_openers({**PLAN, "dialogue": f"Speaker: day {i}."}, 0, SCAFFOLD_OPENERS, 1, recent)[0]
              for i in range(10)]
     assert set(stock) == {"That sounds"}
+    # Only the acknowledgement varies: an IP lead is always its best opener, history or not.
+    leads = {scaffold_openers({"strategy": "IP", "secondary_strategy": "EX", "dialogue": f"Speaker: day {i}."}, 0,
+                              SCAFFOLD_OPENERS, 3, recent)[0] for i in range(10)}
+    assert leads == {SCAFFOLD_OPENERS["IP"][0]}
     assert RecentOpenings(3).least_used([]) == 0
 
 
@@ -130,3 +134,25 @@ def test_best_of_n_samples_stand_by_the_penalty_too():
     # Both "That sounds" samples score 0.55 but stand at 0.55 - 0.2 * 2/2 = 0.35; "Oh no" stands at 0.5.
     assert kept.response == "Oh no. How are you?"
     assert kept.reply_rewards == [0.55, 0.55, 0.5]
+
+
+@pytest.mark.slow
+def test_the_shipped_reward_prefers_a_reply_about_the_speaker():
+    """The reply reward with the shipped heads (no LM): replies that are not about the speaker's situation, or
+    that speak as the speaker, lose to plain ones that are."""
+    program = TraceProgram()
+
+    def reward(message: str, reply: str) -> float:
+        inputs = {"dialogue": f"Speaker: {message}", "emotion": "sad", "strategy": "ER", "secondary_strategy": "EX",
+                  "exemplars": []}
+        return program.reply_reward(inputs, dspy.Prediction(response=reply))
+
+    dog = "My dog died yesterday."
+    assert reward(dog, "Howdy there! What's your dog's name?") < reward(
+        dog, "I'm so sorry to hear that. How are you holding up?")
+    birthday = "Everyone forgot my birthday."
+    assert reward(birthday, "That sounds like a joke, but it's actually a story about a guy who lost his birthday.") \
+        < reward(birthday, "Oh no, that's awful. How are you feeling about your birthday?")
+    son = "My son took his first steps today!"
+    assert reward(son, "Oh, that is so beautiful, and I'm so proud of you, my son.") == 0.0
+    assert reward(son, "That's wonderful news! How did he do it?") > 0.1

@@ -113,6 +113,11 @@ def test_response_rules():
     assert claims_their_own("I love my job.", ["I got the job!!"]) is None  # the speaker never said "my job"
     # Later in the reply it is the listener's own story, which raters score as empathy.
     assert claims_their_own("I'm so sorry. I lost my grandma last year too.", [grandma]) is None
+    # Calling the speaker by their own person: the listener speaks as the parent.
+    son = "My son took his first steps today!"
+    assert claims_their_own("Oh, that is so beautiful, and I'm so proud of you, my son.", [son]) == "my son"
+    assert claims_their_own("I'm so proud of your son, my friend.", [son]) is None  # not theirs
+    assert claims_their_own("I bet my son will walk soon too.", [son]) is None  # the listener's own son
     assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
     assert not gives_advice("I hope you find them soon.")
     # "you must" guessing a feeling is an interpretation; "you must" telling what to do is advice.

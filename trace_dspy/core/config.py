@@ -154,16 +154,21 @@ class ProgramConfig:
         where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
     opener_variety: how many of each mechanism's best openers a scaffolded
-        reply's first candidate is drawn from, by a stable hash of the
-        speaker's last turn: the same message always gets the same opener,
-        different messages spread over them, so that a batch or a chat does not
-        open every reply alike. 1: always the best-ranked opener. Artifacts
-        saved before the option existed load with the default.
+        reply's first candidate is drawn from (3: all the stock ones), by a
+        stable hash of the speaker's last turn: the same message always gets the
+        same opener, different messages spread over them, so that a batch or a
+        chat does not open every reply alike; with a history of openings
+        (``respond``, ``chat``), the one recent replies used least. 1: always the
+        best-ranked opener. A tone band's whole-sentence acknowledgements
+        (``trace_dspy.core.openers.BAND_OPENERS``) are all drawn from, whatever
+        this says. Artifacts saved before the option existed load with the
+        default.
     variety_penalty: where the program keeps a history of the openings of its
         recent replies (``respond`` and ``chat`` do; evaluations and compiles
-        do not), the reply race lowers each plan's reply by this much times the
-        share of recent replies that opened with the same two words before it
-        chooses; the recorded rewards are unchanged. 0 turns it off.
+        do not), the reply race and Best-of-N sampling lower each candidate by
+        this much times the share of recent replies that opened with the same
+        two words before they choose; the recorded rewards are unchanged. 0
+        turns it off.
     tone_floor: the reply reward's tone guard. The metric's tone head
         (trace_dspy.optimize.tone) gives the chance that a candidate's tone is
         on the side of the situation, as pleasant as the emotion prior finds it
