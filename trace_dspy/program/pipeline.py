@@ -230,6 +230,14 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 
+    def reply_cue(self, dialogue):
+        """The reply stage's cue for ``dialogue`` as a context (``trace_dspy.program.reply_cue``): the situation's
+        pleasantness and the history of openings, which the scaffolded reply's openers follow. A no-op for the
+        other layouts, which have no openers."""
+        if self.reply_format(self.lm_for("generate_response")) != "scaffold":
+            return nullcontext()
+        return reply_cue(ReplyCue(pleasant=self.situation_pleasant(dialogue), recent=self.recent_openings))
+
     def reply_format(self, lm=None) -> str:
         """The reply stage's layout for ``lm`` (``auto`` resolved: scaffold for a constrained small model)."""
         choice = self.config.reply_format
@@ -450,11 +458,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             state["plan_path"] = self.planner_path(self.lm_for(stage))
             if state["plan_path"] == "fitted":  # the compile found the planner call did not pay
                 return dspy.Prediction(strategy=self.first_plan[0], secondary_strategy=self.first_plan[1])
-        cue = nullcontext()
-        if stage == "generate_response" and self.reply_format(self.lm_for(stage) or dspy.settings.lm) == "scaffold":
-            # the scaffolded reply's openers follow the situation's tone band and the recent openings
-            cue = reply_cue(ReplyCue(pleasant=self.situation_pleasant(state["dialogue"]),
-                                     recent=self.recent_openings))
+        cue = self.reply_cue(state["dialogue"]) if stage == "generate_response" else nullcontext()
         with self._stage_context(stage), cue:
             if stage == "generate_response" and self.race_plans() and "strategy" in inputs:
                 return self._plan_replies(predictor, inputs, state)

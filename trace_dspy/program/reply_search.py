@@ -24,10 +24,11 @@ class ReplySearch:
         configured): the kept reply, its reward, and every candidate's reward. Call inside the reply stage's
         context."""
         inputs = self._plan_inputs(inputs, plan)
-        if self.best_of(dspy.settings.lm) > 1:
-            result, rewards = self._best_reply(predictor, inputs)
-            return result, max(rewards), rewards
-        result = predictor(**inputs)
+        with self.reply_cue(inputs["dialogue"]):
+            if self.best_of(dspy.settings.lm) > 1:
+                result, rewards = self._best_reply(predictor, inputs)
+                return result, max(rewards), rewards
+            result = predictor(**inputs)
         reward = self.reply_reward(inputs, result)
         return result, reward, [reward]
 
