@@ -153,13 +153,13 @@ class ProgramConfig:
         ``auto``: 4 for a grammar-constrained small model (the embedded one),
         where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
         saved before the option existed load with 1.
-    opener_variety: how many of each mechanism's best openers a scaffolded
-        reply's first candidate is drawn from (3: all the stock ones), by a
-        stable hash of the speaker's last turn: the same message always gets the
-        same opener, different messages spread over them, so that a batch or a
-        chat does not open every reply alike; with a history of openings
-        (``respond``, ``chat``), the one recent replies used least. 1: always the
-        best-ranked opener. A tone band's whole-sentence acknowledgements
+    opener_variety: where the program keeps a history of the openings of its
+        recent replies (``respond`` and ``chat``), how many of the
+        acknowledgement's (ER) best openers a scaffolded reply's first candidate
+        is drawn from (3: all the stock ones): the one recent replies used
+        least, ties broken by a stable hash of the speaker's last turn. Without
+        a history (evaluations, compiles) the best one. 1: always the best. A
+        tone band's whole-sentence acknowledgements
         (``trace_dspy.core.openers.BAND_OPENERS``) are all drawn from, whatever
         this says. Artifacts saved before the option existed load with the
         default.

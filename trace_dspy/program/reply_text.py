@@ -54,13 +54,14 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
     """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
 
     ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
-    ``openers_for``). The first reply's acknowledgement (ER) is one of its first ``variety`` openers, or of
-    all of them where they are whole sentences (a tone band's): with ``recent`` (a ``RecentOpenings``
-    history), the one recent replies opened with least, counted from this message's place
-    (``opener_offset``); without, that place (1 always takes the best). The other mechanisms take their best
-    opener. Candidate c takes the c-th after the first reply's, coming round again past the last; a whole-sentence
-    acknowledgement stays the first reply's (the acknowledgements are alike by design, and the reward would
-    otherwise pick the one its heads happen to like best every time, whatever the history says).
+    ``openers_for``). The first reply's acknowledgement (ER) is, where the openers are whole sentences (a tone
+    band's), any of them; otherwise, with ``recent`` (a ``RecentOpenings`` history, kept by ``respond`` and
+    ``chat``), one of the first ``variety``, and without a history the best. Among those, with ``recent`` the
+    one recent replies opened with least, counted from this message's place (``opener_offset``); without,
+    that place. The other mechanisms take their best opener. Candidate c takes the c-th after the first
+    reply's, coming round again past the last; a whole-sentence acknowledgement stays the first reply's (the
+    acknowledgements are alike by design, and the reward would otherwise pick the one its heads happen to
+    like best every time, whatever the history says).
     """
     openers = openers or SCAFFOLD_OPENERS
     kinds = scaffold_kinds(inputs)
@@ -69,11 +70,13 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
         options = openers[kind]
         repeat = slot > 0 and kind == kinds[0]  # the second sentence of a one-mechanism plan: the next opener
         # Only the acknowledgement varies. Read side by side, "What happened to the doctor?" and "How did you miss
-        # him?" were worse than the best-ranked question; on 200 ED items IP's second and third openers cost
-        # composite score where ER's did not (docs/results/replies.md, "Tone bands").
+        # him?" were worse than the best-ranked question. A model-continued acknowledgement varies only where a
+        # person reads the replies one after another (a history): on 200 ED items, rotating it cost composite
+        # score, as the other plan's reply then won more often (docs/results/replies.md, "Tone bands").
         start = 0
-        if kind == "ER" or all(whole_sentence(o) for o in options):
-            count = len(options) if all(whole_sentence(o) for o in options) else min(variety, len(options))
+        whole = all(whole_sentence(o) for o in options)
+        if kind == "ER" or whole:
+            count = len(options) if whole else min(variety, len(options)) if recent is not None else 1
             start = opener_offset(inputs, kind, count)
             if recent is not None and count > 1:
                 ordered = [options[(start + i) % count] for i in range(count)]
