@@ -8,17 +8,17 @@ import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.openers import (
+    BAND_ACKNOWLEDGEMENTS,
     BAND_OPENERS,
     PLEASANT_AT_LEAST,
     SCAFFOLD_OPENERS,
     UNPLEASANT_AT_MOST,
     tone_band,
-    whole_sentence,
 )
 from trace_dspy.program.pipeline import stage_signature
 from trace_dspy.program.reply_adapter import ChatReplyAdapter
 from trace_dspy.program.reply_cue import ReplyCue, current_cue, reply_cue
-from trace_dspy.program.reply_text import openers_for, scaffold_openers
+from trace_dspy.program.reply_text import openers_for, scaffold_openers, spare_openers
 from trace_dspy.program.reply_variety import RecentOpenings, opening
 from trace_dspy.testing.fakes import fake_lm
 
@@ -30,10 +30,10 @@ def test_bands_follow_the_prior_pleasantness():
     assert tone_band(UNPLEASANT_AT_MOST) == "unpleasant" and tone_band(UNPLEASANT_AT_MOST + 0.01) == "mixed"
     assert tone_band(PLEASANT_AT_LEAST) == "pleasant" and tone_band(PLEASANT_AT_LEAST - 0.01) == "mixed"
     assert ReplyCue(pleasant=0.05).band == "unpleasant" and ReplyCue().band == "mixed"
-    # A band's acknowledgements are whole sentences of one tone, and no two open alike (the history tells
-    # them apart by their first two words).
+    # A band's acknowledgements are of one tone, and no two open alike (the history tells them apart by their
+    # first two words).
     for band, table in BAND_OPENERS.items():
-        assert all(whole_sentence(o) for o in table["ER"])
+        assert set(table["ER"]) <= BAND_ACKNOWLEDGEMENTS
         assert len({opening(o) for o in table["ER"]}) == len(table["ER"])
     assert not set(BAND_OPENERS["pleasant"]["ER"]) & set(BAND_OPENERS["unpleasant"]["ER"])
     # Mixed keeps the stock openers; a sure band replaces the acknowledgement and the question, not IP.
@@ -78,26 +78,49 @@ def test_with_a_history_the_first_reply_takes_the_least_used_opener():
     assert RecentOpenings(3).least_used([]) == 0
 
 
-def _writer(prefills: list):
+def _writer(prefills: list, stuck: str = ""):
+    """Goes on from an acknowledgement with what it is about, from a question with its end; adds nothing to
+    an opener ending in ``stuck``."""
     def responder(outputs, inputs):
         if "prefill" not in inputs:
             return {}
         prefills.append(inputs["prefill"])
-        return {"response": " about the bike now?" if inputs["prefill"].endswith("feeling") else " awful."}
+        prefill = inputs["prefill"]
+        if stuck and prefill.endswith(stuck):
+            return {"response": "."}
+        if prefill.endswith("about"):
+            return {"response": " your bike."}
+        return {"response": " about the bike now?" if prefill.endswith("feeling") else " awful."}
     return responder
 
 
-def test_a_whole_sentence_acknowledgement_is_said_without_asking_the_model():
-    prefills: list = []
-    lm, _ = fake_lm(_writer(prefills))
+def _reply(lm, pleasant: float) -> str:
     signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
     inputs = {"dialogue": "Speaker: Someone stole my bike.", "emotion": "sad", **PLAN}
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)), reply_cue(ReplyCue(pleasant=0.02)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
-    ack = pred.response.split(" How")[0]
-    assert ack in BAND_OPENERS["unpleasant"]["ER"]
-    assert pred.response == f"{ack} How are you feeling about the bike now?"
-    assert prefills == [f"{ack} How are you feeling"]  # one LM call: the question only
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)), reply_cue(ReplyCue(pleasant=pleasant)):
+        return dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields}).response
+
+
+def test_a_band_acknowledgement_is_continued_and_a_stuck_one_gives_way_to_the_next():
+    prefills: list = []
+    lm, _ = fake_lm(_writer(prefills))
+    reply = _reply(lm, 0.02)
+    ack = next(a for a in BAND_OPENERS["unpleasant"]["ER"] if reply.startswith(a))
+    assert reply == f"{ack} your bike. How are you feeling about the bike now?"
+    assert prefills == [ack, f"{ack} your bike. How are you feeling"]
+    # Where the model adds nothing to it, the band's next acknowledgement is tried in its place.
+    inputs = {"dialogue": "Speaker: Someone stole my bike.", **PLAN}
+    table = openers_for(inputs, band="unpleasant")
+    options = BAND_OPENERS["unpleasant"]["ER"]
+    assert spare_openers(inputs, 0, table)[0] == options[(options.index(ack) + 1) % len(options)]
+    prefills.clear()
+    lm, _ = fake_lm(_writer(prefills, stuck=ack))
+    reply = _reply(lm, 0.02)
+    assert prefills[:2] == [ack, spare_openers(inputs, 0, table)[0]]
+    assert reply.startswith(spare_openers(inputs, 0, table)[0] + " your bike.")
+    # Later candidates keep the acknowledgement (and vary the question).
+    assert scaffold_openers(inputs, 1, table)[0] == ack
+    assert scaffold_openers(inputs, 1, table)[1] == BAND_OPENERS["unpleasant"]["EX"][1]
 
 
 def test_the_program_acknowledges_in_the_prior_s_tone(monkeypatch):

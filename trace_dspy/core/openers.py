@@ -19,26 +19,28 @@ SCAFFOLD_OPENERS = {
 }
 
 
-# Where the emotion prior is sure of the situation's tone, the reply acknowledges it in a whole sentence of that
-# tone (said as it is: the model only writes the sentence after it) and may ask in that tone. Asked to go on
-# from a neutral opener, SmolLM2-135M answers good and bad news alike with "That sounds ..."; a toned opener it
-# goes on from ("Congratulations", "Wow, that") it often turns ("Wow, that's a shame"). The bands' bounds are
-# the prior's situation pleasantness (``trace_dspy.optimize.tone.situation_pleasantness``) where its valence
-# was right 99% of the time on 700 single-turn ED validation situations (docs/results/replies.md, "Tone bands").
+# Where the emotion prior is sure of the situation's tone, the reply's acknowledgement opens in that tone and the
+# model only names what it is about ("I'm so sorry to hear about" + "your cat."); its question may take that
+# tone too. Asked to go on from a neutral opener, SmolLM2-135M answers good and bad news alike with "That sounds
+# ..."; a toned opener it goes on from freely ("Congratulations", "Wow, that") it often turns ("Wow, that's a
+# shame"). The bands' bounds are the prior's situation pleasantness
+# (``trace_dspy.optimize.tone.situation_pleasantness``) where its valence was right 99% of the time on 700
+# single-turn ED validation situations (docs/results/replies.md, "Tone bands").
 TONE_BANDS = ("unpleasant", "mixed", "pleasant")
 UNPLEASANT_AT_MOST = 0.2
 PLEASANT_AT_LEAST = 0.75
 BAND_OPENERS = {
     "pleasant": {
-        "ER": ("That's wonderful news!", "How exciting!", "I'm so happy for you!", "That's great to hear!",
-               "What lovely news!"),
+        "ER": ("That's wonderful news about", "I'm so happy to hear about", "That's great news about",
+               "How lovely to hear about"),
         "EX": ("How are you feeling", "How did you"),
     },
     "unpleasant": {
-        "ER": ("I'm so sorry to hear that.", "Oh no, that's awful.", "That's really hard.", "Oh, I'm sorry."),
+        "ER": ("I'm so sorry to hear about", "Oh no, I'm sorry about", "That's awful news about"),
         "EX": ("How are you feeling", "How are you holding up"),
     },
 }
+BAND_ACKNOWLEDGEMENTS = frozenset(o for table in BAND_OPENERS.values() for o in table["ER"])
 
 
 def tone_band(pleasant) -> str:
@@ -48,11 +50,6 @@ def tone_band(pleasant) -> str:
     if pleasant <= UNPLEASANT_AT_MOST:
         return "unpleasant"
     return "pleasant" if pleasant >= PLEASANT_AT_LEAST else "mixed"
-
-
-def whole_sentence(opener: str) -> bool:
-    """Is ``opener`` a sentence said as it is (it ends in ".", "!" or "?") rather than one the model goes on from?"""
-    return opener.rstrip()[-1:] in (".", "!", "?")
 
 
 # The openers a compile may choose from with --opener-items (trace_dspy.optimize.openers ranks them by the metric

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from trace_dspy.core.openers import OPENER_POOL, check_openers, whole_sentence
+from trace_dspy.core.openers import OPENER_POOL, check_openers
 from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, OutputConstraint
@@ -15,6 +15,7 @@ from trace_dspy.program.reply_text import (
     openers_for,
     plan_in_words,
     scaffold_openers,
+    spare_openers,
     tidy_text,
 )
 
@@ -95,9 +96,9 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         cue = current_cue()
         table = openers_for(inputs, self.openers, cue.band)
         leads = scaffold_openers(inputs, candidate, table, self.variety, cue.recent)
-        # The next candidate's openers, for a sentence the model does not go on from: a reply that only asks
-        # ("How are you feeling about that?" to a father's all-clear), or only acknowledges, reads curt.
-        spares = scaffold_openers(inputs, candidate + 1, table, self.variety, cue.recent)
+        # Openers to try once in the place of one the model does not go on from: a reply that only asks ("How are
+        # you feeling about that?" to a father's all-clear), or only acknowledges, reads curt.
+        spares = spare_openers(inputs, candidate, table, self.variety, cue.recent)
         for opener, spare in zip(leads, spares):
             sentence = self._sentence(lm, messages, said, opener, kwargs)
             if sentence is None and spare != opener:
@@ -113,8 +114,6 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         """The sentence begun with ``opener`` after the sentences ``said``; None where it is left out."""
         from dspy.clients._deprecation import adapter_message_call
 
-        if whole_sentence(opener):  # said as it is: there is nothing for the model to go on from
-            return opener
         call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
         with adapter_message_call(lm, call):
             outputs = lm(messages=call, **kwargs)

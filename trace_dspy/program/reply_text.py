@@ -9,7 +9,13 @@ from __future__ import annotations
 import hashlib
 import re
 
-from trace_dspy.core.openers import BAND_OPENERS, SCAFFOLD_OPENERS, emotion_valence, scaffold_kinds, whole_sentence
+from trace_dspy.core.openers import (
+    BAND_ACKNOWLEDGEMENTS,
+    BAND_OPENERS,
+    SCAFFOLD_OPENERS,
+    emotion_valence,
+    scaffold_kinds,
+)
 from trace_dspy.core.text import loop_start, sentences
 
 # How each planned mechanism is asked for, in words a small chat model follows.
@@ -54,15 +60,29 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
     """The openers of a scaffolded reply's two sentences, for candidate ``candidate`` (0: the first reply).
 
     ``openers`` maps each mechanism to its openers, best first (default ``SCAFFOLD_OPENERS``; see
-    ``openers_for``). The first reply's acknowledgement (ER) is, where the openers are whole sentences (a tone
-    band's), any of them; otherwise, with ``recent`` (a ``RecentOpenings`` history, kept by ``respond`` and
-    ``chat``), one of the first ``variety``, and without a history the best. Among those, with ``recent`` the
-    one recent replies opened with least, counted from this message's place (``opener_offset``); without,
-    that place. The other mechanisms take their best opener. Candidate c takes the c-th after the first
-    reply's, coming round again past the last; a whole-sentence acknowledgement stays the first reply's (the
-    acknowledgements are alike by design, and the reward would otherwise pick the one its heads happen to
-    like best every time, whatever the history says).
+    ``openers_for``). The first reply's acknowledgement (ER) is, where the openers are a tone band's, any of
+    them; otherwise, with ``recent`` (a ``RecentOpenings`` history, kept by ``respond`` and ``chat``), one of
+    the first ``variety``, and without a history the best. Among those, with ``recent`` the one recent replies
+    opened with least, counted from this message's place (``opener_offset``); without, that place. The other
+    mechanisms take their best opener. Candidate c takes the c-th after the first reply's, coming round again
+    past the last; a tone band's acknowledgement stays the first reply's (they are alike by design, and the
+    reward would otherwise pick the one its heads happen to like best every time, whatever the history says).
     """
+    return [options[index] for options, index in _opener_choices(inputs, candidate, openers, variety, recent)]
+
+
+def spare_openers(inputs: dict, candidate: int = 0, openers=None, variety: int = 1, recent=None) -> list[str]:
+    """The opener to try in each sentence's place where the model does not go on from the one
+    ``scaffold_openers`` gives: the next candidate's, or for a tone band's acknowledgement the next one."""
+    spares = []
+    for options, index in _opener_choices(inputs, candidate + 1, openers, variety, recent):
+        band = options[index] in BAND_ACKNOWLEDGEMENTS
+        spares.append(options[(index + 1) % len(options)] if band else options[index])
+    return spares
+
+
+def _opener_choices(inputs: dict, candidate: int, openers, variety: int, recent) -> list[tuple[tuple[str, ...], int]]:
+    """Each sentence's openers and the index of the one it takes (see ``scaffold_openers``)."""
     openers = openers or SCAFFOLD_OPENERS
     kinds = scaffold_kinds(inputs)
     chosen = []
@@ -74,15 +94,15 @@ def scaffold_openers(inputs: dict, candidate: int = 0, openers=None, variety: in
         # person reads the replies one after another (a history): on 200 ED items, rotating it cost composite
         # score, as the other plan's reply then won more often (docs/results/replies.md, "Tone bands").
         start = 0
-        whole = all(whole_sentence(o) for o in options)
-        if kind == "ER" or whole:
-            count = len(options) if whole else min(variety, len(options)) if recent is not None else 1
+        band = all(o in BAND_ACKNOWLEDGEMENTS for o in options)
+        if kind == "ER":
+            count = len(options) if band else min(variety, len(options)) if recent is not None else 1
             start = opener_offset(inputs, kind, count)
             if recent is not None and count > 1:
                 ordered = [options[(start + i) % count] for i in range(count)]
                 start = (start + recent.least_used(ordered)) % count
-        step = 0 if whole_sentence(options[start]) else candidate
-        chosen.append(options[(start + step + repeat) % len(options)])
+        step = 0 if band else candidate
+        chosen.append((options, (start + step + repeat) % len(options)))
     return chosen
 
 
