@@ -242,35 +242,21 @@ def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary
     with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)):  # BestOfN's first sample
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
     assert pred.response == "What happened to your wallet after that?"
-    assert prefills == ["Oh, that is", "What happened"]  # a sampled candidate tries no other opener
+    # The model went on from neither the lead nor the next candidate's lead in its place.
+    assert prefills == ["Oh, that is", "Oh, wow", "What happened"]
+    # A question opener made a statement is not kept: the next candidate's question is asked in its place, as
+    # the next lead is where the model does not go on from this one.
+    with dspy.context(lm=lm.copy(rollout_id=1), adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    assert prefills[3:] == ["Oh, wow", "That sounds", "That sounds awful, losing it on the bus. How did",
+                            "That sounds awful, losing it on the bus. How are you feeling"]
+    assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
     # A second sentence that only says the first one's words again is cut to its opener, and left out (as is the
     # next candidate's in its place, which says them too).
     inputs = reply_inputs(strategy="IP", secondary_strategy="IP")
     with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
     assert pred.response == "You must be feeling low about losing it on the bus."
-
-
-def test_in_the_first_reply_a_stuck_opener_gives_way_to_the_next_candidate_s():
-    prefills: list = []
-    goes_on = {"That sounds": ".", "Oh, that is": " a lot to take in.", "How are you feeling": " fine today.",
-               "What happened": " next?"}
-
-    def responder(outputs, inputs):
-        if "prefill" not in inputs:
-            return {}
-        prefills.append(inputs["prefill"])
-        return {"response": next(v for k, v in goes_on.items() if inputs["prefill"].endswith(k))}
-
-    lm, _ = fake_lm(responder)
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    inputs = reply_inputs(strategy="EX", secondary_strategy="EX")
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
-    # "That sounds" got nothing and the question became a statement: each gave way once.
-    assert pred.response == "Oh, that is a lot to take in. What happened next?"
-    assert prefills == ["That sounds", "Oh, that is", "Oh, that is a lot to take in. How are you feeling",
-                        "Oh, that is a lot to take in. What happened"]
 
 
 def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():

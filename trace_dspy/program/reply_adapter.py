@@ -96,10 +96,9 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         cue = current_cue()
         table = openers_for(inputs, self.openers, cue.band)
         leads = scaffold_openers(inputs, candidate, table, self.variety, cue.recent)
-        # In the first reply, openers to try once in the place of one the model does not go on from: a reply that
-        # only asks ("How are you feeling about that?" to a father's all-clear), or only acknowledges, reads curt.
-        # A sampled candidate goes without (it is one of several, and each try is an LM call).
-        spares = spare_openers(inputs, candidate, table, self.variety, cue.recent) if candidate == 0 else leads
+        # Openers to try once in the place of one the model does not go on from: a reply that only asks ("How are
+        # you feeling about that?" to a father's all-clear), or only acknowledges, reads curt.
+        spares = spare_openers(inputs, candidate, table, self.variety, cue.recent)
         for opener, spare in zip(leads, spares):
             sentence = self._sentence(lm, messages, said, opener, kwargs)
             if sentence is None and spare != opener:
