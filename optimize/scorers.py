@@ -346,13 +346,13 @@ def echoed_span(reply: str, speaker_turns: Sequence[str], min_words: int = ECHO_
     return best
 
 
-_VOCATIVE = re.compile(r",\s*my\s+([a-z]+)\s*[.!?]", re.IGNORECASE)
+_VOCATIVE = re.compile(r",\s*(?:my\s+)?([a-z]+)\s*[.!?]", re.IGNORECASE)
 
 
 def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
-    """A reply that opens with "my grandma", or calls the speaker "my son" (", my son."), to a speaker who said
-    "my grandma" or "my son": the listener talking as the speaker about the speaker's own person or thing.
-    Returns the phrase, else None.
+    """A reply that opens with "my grandma", or calls the speaker "my son" or "grandma" (", my son.", ", grandma?"),
+    to a speaker who said "my grandma" or "my son": the listener talking as the speaker about the speaker's own
+    person or thing. Returns the phrase, else None.
 
     Only the opening and the address count: elsewhere in a reply "my mum" is
     usually the listener's own story ("I lost my mum too"), which human raters

@@ -118,6 +118,9 @@ def test_response_rules():
     assert claims_their_own("Oh, that is so beautiful, and I'm so proud of you, my son.", [son]) == "my son"
     assert claims_their_own("I'm so proud of your son, my friend.", [son]) is None  # not theirs
     assert claims_their_own("I bet my son will walk soon too.", [son]) is None  # the listener's own son
+    puzzle = "I finally finished the thousand-piece puzzle my grandma left me."
+    assert claims_their_own("How are you feeling now, grandma?", [puzzle]) == "my grandma"
+    assert claims_their_own("How are you feeling now, though?", [puzzle]) is None
     assert gives_advice("you should n't worry .") and gives_advice("Have you tried calling her?")
     assert not gives_advice("I hope you find them soon.")
     # "you must" guessing a feeling is an interpretation; "you must" telling what to do is advice.
