@@ -51,12 +51,9 @@ REPLY = "trace> "
 
 
 def format_stage_lines(stages: dict[str, Any]) -> list[str]:
-    lines = []
-    for key, value in stages.items():
-        if isinstance(value, list):
-            value = " | ".join(map(str, value)) if value else "-"
-        lines.append(f"  {key:<20} {value}")
-    return lines
+    from trace_dspy.workflows.batch import stage_text
+
+    return [f"  {key:<20} {stage_text(key, value)}" for key, value in stages.items()]
 
 
 class Repl:

@@ -33,15 +33,17 @@ def stage_outputs(pred: dspy.Prediction) -> dict[str, Any]:
     return {k: data[k] for k in sorted(keys, key=lambda k: order.get(k, len(order)))}
 
 
+def stage_text(key: str, value) -> str:
+    """A stage output as one line of text: a list joined by " | ", each reply plan with its reply's reward."""
+    if key == "reply_plans" and isinstance(value, list):
+        return " | ".join(f"{t.get('plan')} {t.get('reward')}" if isinstance(t, dict) else str(t) for t in value)
+    if isinstance(value, list):
+        return " | ".join(map(str, value)) if value else "-"
+    return str(value)
+
+
 def format_stages(pred: dspy.Prediction) -> str:
-    lines = []
-    for key, value in stage_outputs(pred).items():
-        if key == "reply_plans" and isinstance(value, list):  # each plan written for, with its reply's reward
-            value = " | ".join(f"{t.get('plan')} {t.get('reward')}" if isinstance(t, dict) else str(t)
-                               for t in value)
-        elif isinstance(value, list):
-            value = " | ".join(map(str, value))
-        lines.append(f"{key:<28} {value}")
+    lines = [f"{key:<28} {stage_text(key, value)}" for key, value in stage_outputs(pred).items()]
     lines.append(f"{'response':<28} {pred.response}")
     return "\n".join(lines)
 
