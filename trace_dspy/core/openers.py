@@ -11,7 +11,8 @@ from __future__ import annotations
 # opener the model goes on from. Asked for a whole reply, SmolLM2-135M mostly answers "I'm sorry for your
 # loss." whatever happened (docs/results/replies.md, "Scaffolded replies"); begun with "You must be feeling" it
 # names a fitting feeling itself ("... really disappointed." to a failed driving test). The first opener of
-# each mechanism is the first reply's; further candidates (rollout 1, 2, ...) take the next ones.
+# each mechanism is the first reply's (in respond and chat the acknowledgement varies over the first
+# ``opener_variety``); further candidates (rollout 1, 2, ...) take the next ones.
 SCAFFOLD_OPENERS = {
     "ER": ("That sounds", "Oh, that is", "Oh, wow"),
     "IP": ("You must be feeling", "I can imagine how", "That must be so"),
@@ -26,7 +27,6 @@ SCAFFOLD_OPENERS = {
 # shame"). The bands' bounds are the prior's situation pleasantness
 # (``trace_dspy.optimize.tone.situation_pleasantness``) where its valence was right 99% of the time on 700
 # single-turn ED validation situations (docs/results/replies.md, "Tone bands").
-TONE_BANDS = ("unpleasant", "mixed", "pleasant")
 UNPLEASANT_AT_MOST = 0.2
 PLEASANT_AT_LEAST = 0.75
 BAND_OPENERS = {
