@@ -157,8 +157,9 @@ def test_program_runs_on_the_embedded_model(smol):
     before = engine.stats.calls
     with dspy.context(lm=smol, track_usage=True):
         pred = TraceProgram(ProgramConfig(best_of=1))(dialogue=DIALOGUE)
-    # One call per analysis stage; the scaffolded reply (auto on this model) is one call per sentence.
-    assert engine.stats.calls - before == 5
+    # One call per analysis stage; the scaffolded reply (auto on this model) is one call per sentence, and one
+    # more for a sentence whose opener the model did not go on from (the next opener, tried once).
+    assert 3 + 2 <= engine.stats.calls - before <= 3 + 4
     assert pred.emotion in EMOTIONS and pred.cause_category in CAUSE_CATEGORIES
     assert pred.strategy in STRATEGIES and pred.secondary_strategy in STRATEGIES
     assert pred.response.strip()
@@ -245,8 +246,10 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
         got = [program(dialogue=d).toDict() for d in dialogues]
     assert got == expected
     assert fast.engine.stats.completion_tokens == slow.engine.stats.completion_tokens
-    # Every stage ran (the scaffolded reply in two calls), the analysis stages under a grammar.
-    assert fast.engine.stats.calls == slow.engine.stats.calls == 10
+    # Every stage ran (the scaffolded reply in two calls, and at most two second tries), the analysis stages
+    # under a grammar.
+    assert fast.engine.stats.calls == slow.engine.stats.calls
+    assert 2 * (3 + 2) <= fast.engine.stats.calls <= 2 * (3 + 4)
 
 
 @pytest.mark.slow

@@ -82,7 +82,8 @@ def test_program_runs_through_the_openai_route(llama_server, monkeypatch):
             pred = program(dialogue=message)
             assert pred.emotion in EMOTIONS and pred.cause_category in CAUSE_CATEGORIES
             assert pred.strategy in STRATEGIES and pred.response.strip()
-    assert len(lm.history) == 10  # three analysis stages and two reply sentences (the scaffold), twice
+    # Three analysis stages and two reply sentences (the scaffold), twice, and at most one second try per sentence.
+    assert 2 * (3 + 2) <= len(lm.history) <= 2 * (3 + 4)
 
 
 @pytest.mark.slow
