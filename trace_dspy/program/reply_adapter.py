@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from trace_dspy.core.openers import OPENER_POOL, check_openers
+from trace_dspy.core.openers import check_openers, scaffold_kinds
 from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, OutputConstraint
@@ -99,10 +99,11 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         # Openers to try once in the place of one the model does not go on from: a reply that only asks ("How are
         # you feeling about that?" to a father's all-clear), or only acknowledges, reads curt.
         spares = spare_openers(inputs, candidate, table, self.variety, cue.recent)
-        for opener, spare in zip(leads, spares):
-            sentence = self._sentence(lm, messages, said, opener, kwargs)
+        for kind, opener, spare in zip(scaffold_kinds(inputs), leads, spares):
+            question = kind == "EX"
+            sentence = self._sentence(lm, messages, said, opener, question, kwargs)
             if sentence is None and spare != opener:
-                sentence = self._sentence(lm, messages, said, spare, kwargs)
+                sentence = self._sentence(lm, messages, said, spare, question, kwargs)
             if sentence is not None:
                 said.append(sentence)
         if not said:  # the model went on from no opener: ask for the whole reply instead (the chat layout)
@@ -110,8 +111,9 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         return self._call_postprocess(signature, signature, [" ".join(said)], lm, lm_kwargs)
 
     @staticmethod
-    def _sentence(lm, messages, said: list[str], opener: str, kwargs) -> str | None:
-        """The sentence begun with ``opener`` after the sentences ``said``; None where it is left out."""
+    def _sentence(lm, messages, said: list[str], opener: str, question: bool, kwargs) -> str | None:
+        """The sentence begun with ``opener`` after the sentences ``said`` (``question``: the plan's question, EX);
+        None where it is left out."""
         from dspy.clients._deprecation import adapter_message_call
 
         call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
@@ -128,8 +130,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
                 sentence = together[len(before):].strip()
         # Left out: an opener the model did not go on from, and a question opener it made a statement of
         # ("What happened next was sad.").
-        if len(words(sentence)) > len(words(opener)) \
-                and (opener not in OPENER_POOL["EX"] or sentence.endswith("?")):
+        if len(words(sentence)) > len(words(opener)) and (not question or sentence.endswith("?")):
             return sentence
         return None
 
