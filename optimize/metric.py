@@ -37,6 +37,7 @@ from typing import Any
 
 import dspy
 from trace_dspy.optimize.scorers import (
+    brings_in_relative,
     content_words,
     distinct_n,
     emotion_credit,
@@ -124,6 +125,10 @@ class MetricConfig:
     def from_dict(cls, data: dict[str, Any] | None) -> MetricConfig:
         return from_table(cls, data, "metric")
 
+
+# What the reply guards check changed: 2 added the relatives a dialogue never names. Stored rows scored with
+# the guards of another version are scored again.
+REPLY_GUARDS_VERSION = 2
 
 COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded", "tone")
 
@@ -304,7 +309,7 @@ class EmpathyMetric:
                  "relevance": (self.relevance.meta.get("dev_table") if self.relevance is not None else None),
                  "tone": (self.tone.meta.get("dev_table") if self.tone is not None else None),
                  "copy_sources": hashlib.sha256("\x00".join(self.copy_sources).encode()).hexdigest(),
-                 **({"reply_guards": True} if self.reply_guards else {})}
+                 **({"reply_guards": REPLY_GUARDS_VERSION} if self.reply_guards else {})}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -352,8 +357,13 @@ class EmpathyMetric:
             details["copied"] = copied[:200]
             if copied in earlier:
                 details["repeats_listener"] = True
+        # A relative of the speaker's that the dialogue never names ("your brother's wedding" to a delayed
+        # flight) is another situation's: the reply is not about this one.
+        stranger = brings_in_relative(reply, [*turns, *earlier]) if self.reply_guards else None
+        if stranger is not None:
+            details["brings_in"] = stranger
         grounded = 1.0
-        if copied is not None or not rules["not_parroting"]:
+        if copied is not None or stranger is not None or not rules["not_parroting"]:
             grounded = 0.0
         elif (self.similarity_kind == "semantic" and cfg.relevance_floor > 0
               and components["relevance"] is not None and components["relevance"] < cfg.relevance_floor):
@@ -397,6 +407,9 @@ class EmpathyMetric:
         elif "copied" in details:
             notes.append(("copy", f"The reply copies an example's reply (\"{details['copied'][:80]}\"); "
                                   "write new words for this speaker's situation."))
+        if "brings_in" in details:
+            notes.append(("unrelated", f"The reply speaks of \"{details['brings_in']}\", whom the dialogue never "
+                                       "mentions; talk about the speaker's own situation."))
         if components.get("grounded") is not None and 0 < components["grounded"] < 1:
             notes.append(("unrelated", "The reply is not about what the speaker said; refer to their situation."))
         levels = details.get("levels")

@@ -367,6 +367,61 @@ def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
     return said[0] if said else None
 
 
+# The relatives a reply may call "your ..." and the words that show the dialogue knows them: "your mom" needs a
+# mother, a parent or a mom in it; "your family" any relative. A small writer brings relatives in from its
+# examples ("How are you feeling about your brother's wedding?" to a delayed flight). Friends, bosses and
+# neighbours are left out: "your new boss" to someone starting a job assumes nothing.
+_PARENTS = ("parent", "parents", "mom", "mother", "mum", "mommy", "mama", "dad", "father", "daddy", "papa")
+_CHILDREN = ("child", "children", "kid", "kids", "son", "sons", "daughter", "daughters", "baby", "babies", "toddler",
+             "boy", "boys", "girl", "girls", "newborn", "pregnant", "stepson", "stepdaughter")
+_PARTNERS = ("partner", "spouse", "husband", "hubby", "wife", "boyfriend", "girlfriend", "fiance", "fiancee",
+             "bf", "gf")
+_GRANDPARENTS = ("grandparents", "grandma", "grandmother", "granny", "nana", "grandpa", "grandfather", "granddad")
+_RELATIVES = (*_PARENTS, *_CHILDREN, *_PARTNERS, *_GRANDPARENTS, "family", "brother", "brothers", "sister",
+              "sisters", "sibling", "siblings", "aunt", "uncle", "cousin", "cousins", "niece", "nephew", "relatives",
+              "inlaws", "grandson", "granddaughter", "grandkids", "grandchildren")
+_KNOWN_BY = {
+    **{w: _PARENTS for w in ("parent", "parents")},
+    **{w: ("mom", "mother", "mum", "mommy", "mama", "ma", "parent", "parents") for w in
+       ("mom", "mother", "mum", "mommy", "mama")},
+    **{w: ("dad", "father", "daddy", "papa", "pa", "parent", "parents") for w in ("dad", "father", "daddy", "papa")},
+    **{w: _CHILDREN for w in ("child", "children", "kid", "kids", "baby")},
+    "son": ("son", "sons", "boy", "boys", "child", "children", "kid", "kids", "baby", "stepson"),
+    "daughter": ("daughter", "daughters", "girl", "girls", "child", "children", "kid", "kids", "baby", "stepdaughter"),
+    **{w: _PARTNERS for w in ("partner", "spouse")},
+    "husband": ("husband", "hubby", "spouse", "partner"),
+    "wife": ("wife", "spouse", "partner"),
+    "boyfriend": ("boyfriend", "bf", "partner"),
+    "girlfriend": ("girlfriend", "gf", "partner"),
+    "brother": ("brother", "brothers", "bro", "sibling", "siblings"),
+    "sister": ("sister", "sisters", "sis", "sibling", "siblings"),
+    "grandparents": _GRANDPARENTS,
+    **{w: ("grandma", "grandmother", "granny", "nana", "grandparents") for w in ("grandma", "grandmother")},
+    **{w: ("grandpa", "grandfather", "granddad", "grandparents") for w in ("grandpa", "grandfather")},
+    "family": _RELATIVES,
+    **{w: (w,) for w in ("aunt", "uncle", "cousin", "niece", "nephew")},
+}
+
+
+def brings_in_relative(reply: str, turns: Sequence[str]) -> str | None:
+    """A reply that speaks of "your brother" (or "your little brother") to a dialogue in which no brother, nor
+    anyone who could be him, appears: the listener talking about someone else's situation. Returns the phrase,
+    else None. ``turns`` are the dialogue's turns, the listener's included."""
+    known = set(re.findall(r"[a-z]+", " ".join(turns).lower()))
+    words = re.findall(r"[a-z]+", reply.lower())
+    for i, word in enumerate(words):
+        if word != "your":
+            continue
+        for look in words[i + 1:i + 3]:  # "your brother", "your little brother"
+            person = look if look in _KNOWN_BY else look[:-1] if look.endswith("s") and look[:-1] in _KNOWN_BY \
+                else None
+            if person is not None:
+                if not known & set(_KNOWN_BY[person]):
+                    return f"your {look}"
+                break
+    return None
+
+
 def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1, *, strict: bool = False) -> bool:
     """Does the reply repeat the speaker: one of their turns, all their words, or their last turn?
 

@@ -191,7 +191,7 @@ def test_tidy_text(raw, prose):
     (("ER", "IP"), 1, ["Oh, that is", "I can imagine how"]),  # a further candidate: the next openers
     (("IP", "IP"), 0, ["You must be feeling", "I can imagine how"]),  # one mechanism: two of its sentences
     (("EX", "EX"), 0, ["That sounds", "How are you feeling"]),  # questions only: acknowledge first
-    ((None, None), 2, ["Oh, wow", "How did"]),  # no plan (strategy stage off)
+    ((None, None), 2, ["Oh, wow", "How are you"]),  # no plan (strategy stage off)
     (("ER", "EX"), 3, ["That sounds", "How are you feeling"]),  # the openers come round again
 ])
 def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
@@ -203,8 +203,8 @@ def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
 def _continuing(prefills: list):
     """A writer that goes on from each opener, one sentence and then some words a reply must not keep."""
     goes_on = {"That sounds": " awful, losing it on the bus. Anyway the bus", "How are you feeling": " about it now? I",
-               "Oh, that is": ".", "Oh, wow": "!", "What happened": " to your wallet after that? Tell", "I'm so": " sorry.",
-               "How did": " not matter in the end.", "You must be feeling": " low about losing it on the bus.",
+               "Oh, that is": ".", "Oh, wow": "!", "How did": " you lose your wallet? Tell", "I'm so": " sorry.",
+               "How are you": " not to blame.", "You must be feeling": " low about losing it on the bus.",
                "I can imagine how": " losing it on the bus hurts.", "That must be so": " low about losing it on the bus."}
 
     def responder(outputs, inputs):
@@ -237,18 +237,18 @@ def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary
     prefills: list = []
     lm, _ = fake_lm(_continuing(prefills))
     inputs = reply_inputs(strategy="EX", secondary_strategy="EX")
-    assert scaffold_openers(inputs, 1) == ["Oh, that is", "What happened"]
+    assert scaffold_openers(inputs, 1) == ["Oh, that is", "How did"]
     signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
     with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)):  # BestOfN's first sample
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
-    assert pred.response == "What happened to your wallet after that?"
+    assert pred.response == "How did you lose your wallet?"
     # The model went on from neither the lead nor the next candidate's lead in its place.
-    assert prefills == ["Oh, that is", "Oh, wow", "What happened"]
+    assert prefills == ["Oh, that is", "Oh, wow", "How did"]
     # A question opener made a statement is not kept: the next candidate's question is asked in its place, as
     # the next lead is where the model does not go on from this one.
     with dspy.context(lm=lm.copy(rollout_id=1), adapter=ChatReplyAdapter(scaffold=True)):
         pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
-    assert prefills[3:] == ["Oh, wow", "That sounds", "That sounds awful, losing it on the bus. How did",
+    assert prefills[3:] == ["Oh, wow", "That sounds", "That sounds awful, losing it on the bus. How are you",
                             "That sounds awful, losing it on the bus. How are you feeling"]
     assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
     # A second sentence that only says the first one's words again is cut to its opener, and left out (as is the
@@ -263,10 +263,10 @@ def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():
     prefills: list = []
     lm, engine = fake_lm(_continuing(prefills), strategy="EX", secondary_strategy="ER")
     program = TraceProgram(ProgramConfig(reply_format="scaffold", best_of=2, best_of_threshold=1.0, opener_variety=1))
-    program.reward_fn = lambda inputs, pred: 0.9 if pred.response.startswith("What happened") else 0.5
+    program.reward_fn = lambda inputs, pred: 0.9 if pred.response.startswith("How did") else 0.5
     with dspy.context(lm=lm):
         pred = program(dialogue=DIALOGUE)
-    assert pred.response == "What happened to your wallet after that?"  # the sampled candidate scored higher
+    assert pred.response == "How did you lose your wallet?"  # the sampled candidate scored higher
     assert pred.reply_rewards == [0.5, 0.9]
     assert prefills[0] == "That sounds" and "Oh, that is" in prefills
 

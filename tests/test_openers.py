@@ -72,7 +72,7 @@ def test_the_fit_finds_the_opener_the_metric_prefers_for_each_valence():
     assert not {"Wow, that", "I'm really glad"} & set(fit.openers["negative"]["ER"])
     assert len(fit.openers["any"]["ER"]) == 3 and not set(TONED_OPENERS) & set(fit.openers["any"]["ER"])
     # Every ER and EX opener of the pool that suits the dialogue was tried (the stock one is the first reply).
-    assert fit.replies == 6 * (1 + 6 + 7)
+    assert fit.replies == 6 * (1 + 6 + 8)
     rows = [r for r in fit.record()["scores"] if r["valence"] == "negative" and r["mechanism"] == "ER"]
     assert {r["opener"] for r in rows} >= {"That sounds", "I'm so sorry"} and all(r["n"] == 3 for r in rows)
     assert program.reply_openers is None and program.config.best_of == 1  # the program given is not changed

@@ -176,6 +176,10 @@ def test_the_shipped_reward_prefers_a_reply_about_the_speaker():
     birthday = "Everyone forgot my birthday."
     assert reward(birthday, "That sounds like a joke, but it's actually a story about a guy who lost his birthday.") \
         < reward(birthday, "Oh no, that's awful. How are you feeling about your birthday?")
+    flight = "My flight home for the holidays got delayed by two days."
+    assert reward(flight, "That's awful news about your flight home. How are you feeling about your brother's "
+                          "wedding?") == 0.0
+    assert reward(flight, "That's awful news about your flight home. How are you holding up?") > 0.1
     son = "My son took his first steps today!"
     assert reward(son, "Oh, that is so beautiful, and I'm so proud of you, my son.") == 0.0
     assert reward(son, "That's wonderful news! How did he do it?") > 0.1

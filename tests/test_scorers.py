@@ -7,6 +7,7 @@ from trace_dspy.optimize.judge import judge_score, pairwise_rates
 from trace_dspy.optimize.scorers import (
     auc,
     bleu,
+    brings_in_relative,
     claims_their_own,
     content_words,
     distinct_n,
@@ -128,6 +129,26 @@ def test_response_rules():
     assert not gives_advice("you must feel let down .")
     assert gives_advice("You must call the bank today.") and gives_advice("you must have a plan for it.")
     assert sentence_count("Hi there. How are you? Fine") == 3
+
+
+def test_a_relative_the_dialogue_never_names_is_another_situation():
+    flight = ["My flight home for the holidays got delayed by two days."]
+    assert brings_in_relative("How are you feeling about your brother's wedding?", flight) == "your brother"
+    assert brings_in_relative("How are you feeling about your little brother?", flight) == "your brother"
+    assert brings_in_relative("That's awful news. How is your family taking it?", flight) == "your family"
+    assert brings_in_relative("That's awful news about your flight home.", flight) is None
+    # Named in other words, by the listener, or as any relative for "family": known.
+    assert brings_in_relative("How is your son?", ["We found out today it is a boy!"]) is None
+    assert brings_in_relative("Say hi to your mom.", ["My mother called."]) is None
+    assert brings_in_relative("How are your parents?", ["My dad called."]) is None
+    assert brings_in_relative("How is your daughter?", ["I'm so tired.", "How old are your kids?", "Two."]) is None
+    assert brings_in_relative("How is your family?", ["My wife is back next week."]) is None
+    # Someone else's relative is not theirs: a niece is not a daughter.
+    assert brings_in_relative("I'm so happy about your daughter's success.", ["My niece got into art school."]) \
+        == "your daughter"
+    # People who need no introduction, and relatives of other people, are left alone.
+    assert brings_in_relative("How do you like your new boss?", ["I started a new job today."]) is None
+    assert brings_in_relative("Her brother must be proud.", ["My friend won the race."]) is None
 
 
 def test_auc_hand_computed():

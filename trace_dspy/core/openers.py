@@ -12,17 +12,20 @@ from __future__ import annotations
 # loss." whatever happened (docs/results/replies.md, "Scaffolded replies"); begun with "You must be feeling" it
 # names a fitting feeling itself ("... really disappointed." to a failed driving test). The first opener of
 # each mechanism is the first reply's (in respond and chat the acknowledgement varies over the first
-# ``opener_variety``); further candidates (rollout 1, 2, ...) take the next ones.
+# ``opener_variety``); further candidates (rollout 1, 2, ...) take the next ones. No question begins "What
+# happened": the speaker has just said what happened, and the model asked "What happened to them?" about a
+# coffee shop that closed and "What happened to your grandma?" about her puzzle (docs/results/replies.md,
+# "Questions").
 SCAFFOLD_OPENERS = {
     "ER": ("That sounds", "Oh, that is", "Oh, wow"),
     "IP": ("You must be feeling", "I can imagine how", "That must be so"),
-    "EX": ("How are you feeling", "What happened", "How did"),
+    "EX": ("How are you feeling", "How did", "How are you"),
 }
 
 
 # Where the emotion prior is sure of the situation's tone, the reply's acknowledgement opens in that tone and the
-# model only names what it is about ("I'm so sorry to hear about" + "your cat."); its question may take that
-# tone too. Asked to go on from a neutral opener, SmolLM2-135M answers good and bad news alike with "That sounds
+# model only names what it is about ("I'm so sorry to hear about" + "your cat."); its question takes that
+# tone too (good news: "How does it feel" + "to win a local trivia night?"). Asked to go on from a neutral opener, SmolLM2-135M answers good and bad news alike with "That sounds
 # ..."; a toned opener it goes on from freely ("Congratulations", "Wow, that") it often turns ("Wow, that's a
 # shame"). The bands' bounds are the prior's situation pleasantness
 # (``trace_dspy.optimize.tone.situation_pleasantness``) where its valence was right 99% of the time on 700
@@ -33,7 +36,7 @@ BAND_OPENERS = {
     "pleasant": {
         "ER": ("That's wonderful news about", "I'm so happy to hear about", "That's great news about",
                "How lovely to hear about"),
-        "EX": ("How are you feeling", "How did you"),
+        "EX": ("How does it feel", "How did you"),
     },
     "unpleasant": {
         "ER": ("I'm so sorry to hear about", "Oh no, I'm sorry about", "That's awful news about"),
@@ -62,7 +65,7 @@ OPENER_POOL = {
     "IP": ("You must be feeling", "I can imagine how", "That must be so", "It must be", "You must have been",
            "I know how", "That must have been"),
     "EX": ("How are you feeling", "What happened", "How did", "How are you", "What did you", "Do you",
-           "How did you", "How are you holding up"),
+           "How did you", "How are you holding up", "How does it feel"),
 }
 # Openers with a tone, and the only valence they may answer: nobody should hear "Oh no" about good news, whatever
 # a metric says (the compile's first fit on ED ranked "Oh no, that sounds" first for pleasant emotions too, on
