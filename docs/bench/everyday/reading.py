@@ -1,0 +1,91 @@
+"""A person's reading of the everyday replies: is each one sendable to a friend as it is, and is its tone wrong?
+
+The verdicts are one developer's reading (written down item by item below, with the reason for each "no"); the
+script joins them to the replies and counts, so that the numbers in docs/results/replies.md come from one
+place. Usage (from the repository root):
+
+    python docs/bench/everyday/reading.py docs/bench/everyday/reading.json
+
+Standard: a reply is sendable when a friend could send it as it is without it reading as a misreading, a
+non sequitur or broken English; a slightly clumsy but fitting wording passes. Wrong tone: cheering bad news or
+condoling good news.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+# The replies read: a file that changed since is refused (its verdicts would be for other replies).
+READ = {"replies-3-bands.jsonl": "7941145635242333", "replies-3-now.jsonl": "626b2961fd19d07f",
+        "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-now.jsonl": "45d6f390cb160de8"}
+
+# reply file -> {line index: (sendable, wrong tone, reason)}; lines not listed are sendable, in the right tone.
+NOT_SENDABLE = {
+    "replies-3-bands.jsonl": {
+        0: (False, False, "asks how they did not know it would happen"),
+        2: (False, False, "'proud of yourself' for adopting a puppy"),
+        13: (False, False, "incoherent: 'a coworker', an idea about a guest"),
+        14: (False, False, "asks about the store, not the teacher"),
+        18: (False, True, "condoles a finished puzzle ('I'm so sorry to hear that')"),
+    },
+    "replies-3-now.jsonl": {
+        0: (False, False, "asks how they did not know it would happen"),
+        2: (False, False, "'proud of yourself' for adopting a puppy"),
+        13: (False, False, "incoherent: 'a coworker' twice"),
+        14: (False, False, "asks about the store, not the teacher"),
+    },
+    "replies-4-before.jsonl": {
+        2: (False, False, "broken: 'That must be so, your daughter's first word'"),
+        10: (False, True, "'That sounds amazing' to a coffee shop that closed"),
+        13: (False, False, "'your dog': it is the neighbour's"),
+        18: (False, False, "'What happened to it?' about a recipe that worked"),
+        20: (False, True, "'That must be so frustrating' to a stranger's kindness"),
+        23: (False, False, "asks about a brother's wedding nobody mentioned"),
+        24: (False, True, "'I'm so sorry to hear about your sister's wedding'"),
+        26: (False, False, "asks about a daughter nobody mentioned"),
+        28: (False, False, "'What happened to them?' about the kids who made breakfast"),
+        29: (False, False, "'nostalgic' for moving back home after losing a job"),
+    },
+    "replies-4-now.jsonl": {
+        0: (False, False, "'with your own car?' tacked onto the question"),
+        1: (False, False, "a nursing career 'dedicated to your health'"),
+        2: (False, False, "broken: 'That must be so, your daughter's first word'"),
+        10: (False, False, "asks about 'the company', not the coffee shop"),
+        13: (False, False, "'your dog': it is the neighbour's"),
+        20: (False, True, "'That sounds like a really bad thing' to a stranger's kindness"),
+        23: (False, False, "'How are you holding up your end?'"),
+        26: (False, False, "a rambling question about luck and doing things your way"),
+        29: (False, False, "'nostalgic' for moving back home after losing a job"),
+    },
+}
+
+
+def main(out: str) -> None:
+    record = {"command": f"python docs/bench/everyday/reading.py {out}", "standard": __doc__.split("Standard: ")[1].strip(),
+              "files": {}}
+    for name, verdicts in NOT_SENDABLE.items():
+        data = (HERE / name).read_bytes()
+        if hashlib.sha256(data).hexdigest()[:16] != READ[name]:
+            sys.exit(f"{name} is not the file that was read; read its replies again and update the verdicts")
+        rows = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        items = []
+        for i, row in enumerate(rows):
+            sendable, wrong_tone, reason = verdicts.get(i, (True, False, ""))
+            items.append({"message": row["dialogue"].removeprefix("Speaker: "), "reply": row["response"],
+                          "sendable": sendable, "wrong_tone": wrong_tone, **({"reason": reason} if reason else {})})
+        record["files"][name] = {"replies": len(items), "sendable": sum(i["sendable"] for i in items),
+                                 "wrong_tone": sum(i["wrong_tone"] for i in items), "items": items}
+    Path(out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    for name, summary in record["files"].items():
+        print(f"{name}: {summary['sendable']}/{summary['replies']} sendable, {summary['wrong_tone']} in the wrong tone")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
