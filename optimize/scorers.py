@@ -368,8 +368,8 @@ def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
 
 
 # The relatives a reply may call "your ..." and the words that show the dialogue knows them: "your mom" needs a
-# mother, a parent or a mom in it; "your family" any relative. A small writer brings relatives in from its
-# examples ("How are you feeling about your brother's wedding?" to a delayed flight). Friends, bosses and
+# mother, a parent or a mom in it; "your family" any relative. A small writer brings in relatives nobody
+# mentioned ("How are you feeling about your brother's wedding?" to a delayed flight). Friends, bosses and
 # neighbours are left out: "your new boss" to someone starting a job assumes nothing.
 _PARENTS = ("parent", "parents", "mom", "mother", "mum", "mommy", "mama", "dad", "father", "daddy", "papa")
 _CHILDREN = ("child", "children", "kid", "kids", "son", "sons", "daughter", "daughters", "baby", "babies", "toddler",
