@@ -373,7 +373,8 @@ def claims_their_own(reply: str, speaker_turns: Sequence[str]) -> str | None:
 # neighbours are left out: "your new boss" to someone starting a job assumes nothing.
 _PARENTS = ("parent", "parents", "mom", "mother", "mum", "mommy", "mama", "dad", "father", "daddy", "papa")
 _CHILDREN = ("child", "children", "kid", "kids", "son", "sons", "daughter", "daughters", "baby", "babies", "toddler",
-             "boy", "boys", "girl", "girls", "newborn", "pregnant", "stepson", "stepdaughter")
+             "boy", "boys", "girl", "girls", "newborn", "infant", "teen", "teenager", "pregnant", "ultrasound",
+             "stepson", "stepdaughter")
 _PARTNERS = ("partner", "spouse", "husband", "hubby", "wife", "boyfriend", "girlfriend", "fiance", "fiancee",
              "bf", "gf")
 _GRANDPARENTS = ("grandparents", "grandma", "grandmother", "granny", "nana", "grandpa", "grandfather", "granddad")
@@ -386,8 +387,9 @@ _KNOWN_BY = {
        ("mom", "mother", "mum", "mommy", "mama")},
     **{w: ("dad", "father", "daddy", "papa", "pa", "parent", "parents") for w in ("dad", "father", "daddy", "papa")},
     **{w: _CHILDREN for w in ("child", "children", "kid", "kids", "baby")},
-    "son": ("son", "sons", "boy", "boys", "child", "children", "kid", "kids", "baby", "stepson"),
-    "daughter": ("daughter", "daughters", "girl", "girls", "child", "children", "kid", "kids", "baby", "stepdaughter"),
+    "son": ("son", "sons", "boy", "boys", "child", "children", "kid", "kids", "baby", "teen", "teenager", "stepson"),
+    "daughter": ("daughter", "daughters", "girl", "girls", "child", "children", "kid", "kids", "baby", "teen",
+                 "teenager", "stepdaughter"),
     **{w: _PARTNERS for w in ("partner", "spouse")},
     "husband": ("husband", "hubby", "spouse", "partner"),
     "wife": ("wife", "spouse", "partner"),
@@ -407,7 +409,8 @@ def brings_in_relative(reply: str, turns: Sequence[str]) -> str | None:
     """A reply that speaks of "your brother" (or "your little brother") to a dialogue in which no brother, nor
     anyone who could be him, appears: the listener talking about someone else's situation. Returns the phrase,
     else None. ``turns`` are the dialogue's turns, the listener's included."""
-    known = set(re.findall(r"[a-z]+", " ".join(turns).lower()))
+    said = re.findall(r"[a-z]+", " ".join(turns).lower())
+    known = {*said, *(w[:-1] for w in said if w.endswith("s"))}  # "my dads place", "my moms decor"
     words = re.findall(r"[a-z]+", reply.lower())
     for i, word in enumerate(words):
         if word != "your":

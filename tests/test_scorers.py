@@ -143,6 +143,8 @@ def test_a_relative_the_dialogue_never_names_is_another_situation():
     assert brings_in_relative("How are your parents?", ["My dad called."]) is None
     assert brings_in_relative("How is your daughter?", ["I'm so tired.", "How old are your kids?", "Two."]) is None
     assert brings_in_relative("How is your family?", ["My wife is back next week."]) is None
+    assert brings_in_relative("Did you and your dad play together?", ["I found my old toys at my dads place."]) is None
+    assert brings_in_relative("Is your daughter okay?", ["My teen took the car out."]) is None
     # Someone else's relative is not theirs: a niece is not a daughter.
     assert brings_in_relative("I'm so happy about your daughter's success.", ["My niece got into art school."]) \
         == "your daughter"
