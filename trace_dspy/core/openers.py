@@ -24,12 +24,13 @@ SCAFFOLD_OPENERS = {
 
 
 # Where the emotion prior is sure of the situation's tone, the reply's acknowledgement opens in that tone and the
-# model only names what it is about ("I'm so sorry to hear about" + "your cat."); its question takes that
-# tone too (good news: "How does it feel" + "to win a local trivia night?"). Asked to go on from a neutral opener, SmolLM2-135M answers good and bad news alike with "That sounds
-# ..."; a toned opener it goes on from freely ("Congratulations", "Wow, that") it often turns ("Wow, that's a
-# shame"). The bands' bounds are the prior's situation pleasantness
-# (``trace_dspy.optimize.tone.situation_pleasantness``) where its valence was right 99% of the time on 700
-# single-turn ED validation situations (docs/results/replies.md, "Tone bands").
+# model only names what it is about ("I'm so sorry to hear about" + "your cat."); its question takes that tone
+# too (good news: "How does it feel" + "to win a local trivia night?"). Asked to go on from a neutral opener,
+# SmolLM2-135M answers good and bad news alike with "That sounds ..."; a toned opener it goes on from freely
+# ("Congratulations", "Wow, that") it often turns ("Wow, that's a shame"). The bands' bounds are the prior's
+# situation pleasantness (``trace_dspy.optimize.tone.situation_pleasantness``), chosen on single-turn ED
+# validation situations; on held-out test ones the bands' tone is right 95% (unpleasant) and 93% (pleasant) of
+# the time (docs/results/replies.md, "Tone bands").
 UNPLEASANT_AT_MOST = 0.2
 PLEASANT_AT_LEAST = 0.75
 BAND_OPENERS = {

@@ -66,7 +66,8 @@ NOT_SENDABLE = {
 
 
 def main(out: str) -> None:
-    record = {"command": f"python docs/bench/everyday/reading.py {out}", "standard": __doc__.split("Standard: ")[1].strip(),
+    record = {"command": f"python docs/bench/everyday/reading.py {out}",
+              "standard": __doc__.split("Standard: ")[1].strip(),
               "files": {}}
     for name, verdicts in NOT_SENDABLE.items():
         data = (HERE / name).read_bytes()

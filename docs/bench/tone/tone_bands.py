@@ -44,7 +44,8 @@ def _bands(program, path: Path) -> dict:
     def band(test, pleasant: bool) -> dict:
         hits = [gold for p, gold in scored if p is not None and test(p)]
         right = sum(gold == pleasant for gold in hits)
-        return {"coverage": round(len(hits) / len(scored), 4), "precision": round(right / len(hits), 4) if hits else None,
+        return {"coverage": round(len(hits) / len(scored), 4),
+                "precision": round(right / len(hits), 4) if hits else None,
                 "n": len(hits)}
 
     return {
