@@ -9,7 +9,7 @@ from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
 from trace_dspy.program.pipeline import stage_signature
 from trace_dspy.program.reply_adapter import ChatReplyAdapter
-from trace_dspy.program.reply_text import clean_reply, plan_in_words
+from trace_dspy.program.reply_text import clean_reply, plan_in_words, question_clause
 from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = "Speaker: I lost my wallet on the bus.\nListener: Oh no, did you report it?\nSpeaker: Yes, but nobody handed it in."
@@ -229,6 +229,24 @@ def test_the_scaffolded_reply_is_one_continued_sentence_per_mechanism():
     assert [m["role"] for m in last][-2:] == ["user", "assistant"]
     assert last[0]["content"] == "You are a caring friend. Answer the person in one or two short sentences of your own."
     assert lm.history[-1]["kwargs"]["max_tokens"] <= 32 and lm.history[-1]["kwargs"]["stop"] == ["\n"]
+
+
+def test_a_question_ends_at_its_first_comma():
+    assert question_clause("How did that happen, a coworker?", "How did") == "How did that happen?"
+    assert question_clause("How did you get a tow truck to your doorstep, with your own car?", "How did") \
+        == "How did you get a tow truck to your doorstep?"
+    assert question_clause("How are you feeling about her?", "How are you feeling") == "How are you feeling about her?"
+    # Cut to the bare opener, it would be left out as a question the model did not go on from: kept whole.
+    assert question_clause("How are you, my friend?", "How are you") == "How are you, my friend?"
+    assert question_clause("Well, how did it go?", "How did") == "Well, how did it go?"  # not begun with it
+    # Through the adapter: the question's tail is cut, the acknowledgement's comma is not.
+    goes_on = {"That sounds": " awful, losing it on the bus.", "How are you feeling": " about it now, my friend? I"}
+    lm, _ = fake_lm(lambda outputs, inputs: {"response": next(
+        v for k, v in goes_on.items() if inputs["prefill"].endswith(k))} if "prefill" in inputs else {})
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
+    assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
 
 
 def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary():

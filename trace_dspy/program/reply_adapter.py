@@ -14,6 +14,7 @@ from trace_dspy.program.reply_text import (
     first_sentence,
     openers_for,
     plan_in_words,
+    question_clause,
     scaffold_openers,
     spare_openers,
     tidy_text,
@@ -121,6 +122,8 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
             outputs = lm(messages=call, **kwargs)
         text = outputs[0].get("text") if isinstance(outputs[0], dict) else outputs[0]
         sentence = first_sentence(f"{opener}{text or ''}", opener)
+        if question:
+            sentence = question_clause(sentence, opener)
         # Cleaned with what was said before, as the whole reply will be: a run of words said again is cut
         # ("... the part you wanted to play. I can imagine how you wanted to play" keeps "I can imagine how").
         if said:

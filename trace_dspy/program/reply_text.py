@@ -16,7 +16,7 @@ from trace_dspy.core.openers import (
     emotion_valence,
     scaffold_kinds,
 )
-from trace_dspy.core.text import loop_start, sentences
+from trace_dspy.core.text import loop_start, sentences, words
 
 # How each planned mechanism is asked for, in words a small chat model follows.
 _STRATEGY_WORDS = {
@@ -120,6 +120,20 @@ def first_sentence(text: str, opener: str = "") -> str:
         comma = sentence.find(",", len(opener))
         sentence = (sentence[:comma] if comma > 0 else sentence).rstrip(" ,;:") + "."
     return sentence
+
+
+def question_clause(sentence: str, opener: str) -> str:
+    """A question begun with ``opener`` ends at its first comma after it: what SmolLM2-135M adds there is
+    mostly a vocative or a second thought ("How did that happen, a coworker?", "How are you holding up,
+    okay?", "... to your doorstep, with your own car?"). Kept whole where the cut would leave the opener
+    alone ("How are you, my friend?") or the sentence does not begin with the opener."""
+    if not sentence.startswith(opener):
+        return sentence
+    head, comma, _ = sentence[len(opener):].partition(",")
+    cut = (opener + head).rstrip(" .!?;:")
+    if not comma or len(words(cut)) <= len(words(opener)):
+        return sentence
+    return cut + "?"
 
 
 def plan_in_words(inputs: dict) -> str:

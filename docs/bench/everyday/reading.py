@@ -21,8 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 # The replies read: a file that changed since is refused (its verdicts would be for other replies).
-READ = {"replies-3-bands.jsonl": "7941145635242333", "replies-3-now.jsonl": "626b2961fd19d07f",
-        "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-now.jsonl": "45d6f390cb160de8"}
+READ = {"replies-3-bands.jsonl": "7941145635242333", "replies-3-now.jsonl": "b9c0fc56f59401c7",
+        "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-now.jsonl": "9006abea941bb59b"}
 
 # reply file -> {line index: (sendable, wrong tone, reason)}; lines not listed are sendable, in the right tone.
 NOT_SENDABLE = {
@@ -36,7 +36,7 @@ NOT_SENDABLE = {
     "replies-3-now.jsonl": {
         0: (False, False, "asks how they did not know it would happen"),
         2: (False, False, "'proud of yourself' for adopting a puppy"),
-        13: (False, False, "incoherent: 'a coworker' twice"),
+        13: (False, False, "incoherent: 'that must be affecting you, a coworker'"),
         14: (False, False, "asks about the store, not the teacher"),
     },
     "replies-4-before.jsonl": {
@@ -52,7 +52,6 @@ NOT_SENDABLE = {
         29: (False, False, "'nostalgic' for moving back home after losing a job"),
     },
     "replies-4-now.jsonl": {
-        0: (False, False, "'with your own car?' tacked onto the question"),
         1: (False, False, "a nursing career 'dedicated to your health'"),
         2: (False, False, "broken: 'That must be so, your daughter's first word'"),
         10: (False, False, "asks about 'the company', not the coffee shop"),
