@@ -159,9 +159,8 @@ class ProgramConfig:
         is drawn from (3: all the stock ones): the one recent replies used
         least, ties broken by a stable hash of the speaker's last turn. Without
         a history (evaluations, compiles) the best one. 1: always the best. A
-        tone band's whole-sentence acknowledgements
-        (``trace_dspy.core.openers.BAND_OPENERS``) are all drawn from, whatever
-        this says. Artifacts saved before the option existed load with the
+        tone band's acknowledgements (``trace_dspy.core.openers.BAND_OPENERS``)
+        are all drawn from, with or without a history, whatever this says. Artifacts saved before the option existed load with the
         default.
     variety_penalty: where the program keeps a history of the openings of its
         recent replies (``respond`` and ``chat`` do; evaluations and compiles

@@ -5,9 +5,9 @@ opens every answer with "That sounds" does not sound like they listened. ``Recen
 openings of the last replies a program kept (thread-safe). When the reply race chooses among its plans' replies,
 and when Best-of-N keeps a sample, each candidate's reward is lowered by ``variety_penalty`` times the share of
 recent replies that opened the same way; the rewards recorded with the reply are the metric's own. The
-scaffolded reply's acknowledgement takes the opener recent replies used least (``least_used``). The history is switched on by the commands a
-person reads (``respond``, ``chat``); evaluations and compiles leave it off, so that a score does not depend on
-the order the dialogues came in.
+scaffolded reply's acknowledgement takes the opener recent replies used least (``least_used``). The history is
+switched on by the commands a person reads (``respond``, ``chat``); evaluations and compiles leave it off, so
+that a score does not depend on the order the dialogues came in.
 """
 
 from __future__ import annotations
