@@ -117,9 +117,15 @@ def first_sentence(text: str, opener: str = "") -> str:
     found = sentences(cleaned)
     sentence = (found[0] if found else cleaned).strip()
     if sentence and sentence[-1] not in ".!?":
-        comma = sentence.find(",", len(opener))
-        sentence = (sentence[:comma] if comma > 0 else sentence).rstrip(" ,;:") + "."
+        sentence = (_before_comma(sentence, opener) or sentence).rstrip(" ,;:") + "."
     return sentence
+
+
+def _before_comma(sentence: str, opener: str) -> str | None:
+    """``sentence`` up to its first comma after ``opener`` (None without one), where a truncated sentence and a
+    question end."""
+    comma = sentence.find(",", len(opener))
+    return sentence[:comma] if comma >= 0 else None
 
 
 def question_clause(sentence: str, opener: str) -> str:
@@ -127,11 +133,9 @@ def question_clause(sentence: str, opener: str) -> str:
     mostly a vocative or a second thought ("How did that happen, a coworker?", "How are you holding up,
     okay?", "... to your doorstep, with your own car?"). Kept whole where the cut would leave the opener
     alone ("How are you, my friend?") or the sentence does not begin with the opener."""
-    if not sentence.startswith(opener):
-        return sentence
-    head, comma, _ = sentence[len(opener):].partition(",")
-    cut = (opener + head).rstrip(" .!?;:")
-    if not comma or len(words(cut)) <= len(words(opener)):
+    head = _before_comma(sentence, opener) if sentence.startswith(opener) else None
+    cut = head.rstrip(" .!?;:") if head is not None else ""
+    if len(words(cut)) <= len(words(opener)):
         return sentence
     return cut + "?"
 
