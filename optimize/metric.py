@@ -44,6 +44,7 @@ from trace_dspy.optimize.scorers import (
     near_copy,
     response_rules,
     sentence_count,
+    takes_theirs,
     token_f1,
     tokenize,
 )
@@ -126,9 +127,9 @@ class MetricConfig:
         return from_table(cls, data, "metric")
 
 
-# What the reply guards check changed: 2 added the relatives a dialogue never names. Stored rows scored with
-# the guards of another version are scored again.
-REPLY_GUARDS_VERSION = 2
+# What the reply guards check changed: 2 added the relatives a dialogue never names, 3 the things the speaker spoke
+# of as someone else's. Stored rows scored with the guards of another version are scored again.
+REPLY_GUARDS_VERSION = 3
 
 COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded", "tone")
 
@@ -362,8 +363,12 @@ class EmpathyMetric:
         stranger = brings_in_relative(reply, [*turns, *earlier]) if self.reply_guards else None
         if stranger is not None:
             details["brings_in"] = stranger
+        # "your dog" to "my neighbor's dog": the listener has the speaker's situation wrong.
+        theirs = takes_theirs(reply, turns) if self.reply_guards else None
+        if theirs is not None:
+            details["takes_theirs"] = theirs
         grounded = 1.0
-        if copied is not None or stranger is not None or not rules["not_parroting"]:
+        if copied is not None or stranger is not None or theirs is not None or not rules["not_parroting"]:
             grounded = 0.0
         elif (self.similarity_kind == "semantic" and cfg.relevance_floor > 0
               and components["relevance"] is not None and components["relevance"] < cfg.relevance_floor):
@@ -410,6 +415,9 @@ class EmpathyMetric:
         if "brings_in" in details:
             notes.append(("unrelated", f"The reply speaks of \"{details['brings_in']}\", whom the dialogue never "
                                        "mentions; talk about the speaker's own situation."))
+        if "takes_theirs" in details:
+            notes.append(("unrelated", f"The reply says \"{details['takes_theirs']}\" of what the speaker spoke of as "
+                                       "someone else's; say whose it is as they did."))
         if components.get("grounded") is not None and 0 < components["grounded"] < 1:
             notes.append(("unrelated", "The reply is not about what the speaker said; refer to their situation."))
         levels = details.get("levels")

@@ -425,6 +425,54 @@ def brings_in_relative(reply: str, turns: Sequence[str]) -> str | None:
     return None
 
 
+# Who a thing belongs to, read from the words before it: "my old cat" is the speaker's, "my neighbor's dog" and
+# "her dog" someone else's, "the dog" nobody's in particular.
+_SPEAKERS_OWN = frozenset(("my", "our", "mine", "ours"))
+_OTHERS_OWN = frozenset(("his", "her", "their", "its"))
+_NO_OWNER = frozenset(("the", "a", "an", "this", "that", "these", "those", "some", "any", "every", "no"))
+_IS_NOT_WHOSE = frozenset(("it's", "that's", "he's", "she's", "there's", "here's", "what's", "who's", "where's",
+                           "let's"))
+_OWNED_TOKEN = re.compile(r"[a-z]+(?:'s|s')?")
+
+
+def _owned_tokens(text: str) -> list[str]:
+    # ED text splits the possessive off ("neighbor 's dog"); typed text keeps it ("neighbor's dog").
+    return _OWNED_TOKEN.findall(text.lower().replace("\u2019", "'").replace(" 's", "'s"))
+
+
+def _owner_word(word: str) -> str:
+    return word[:-2] if word.endswith("'s") else word[:-1] if word.endswith("s'") else word
+
+
+def takes_theirs(reply: str, speaker_turns: Sequence[str]) -> str | None:
+    """A reply that calls "your X" what the speaker spoke of only as someone else's ("How are you feeling about
+    your dog?" to "My neighbor's dog keeps barking"). Returns the phrase, else None. A thing the speaker never
+    named, or named once as theirs or nobody's, is left alone."""
+    said = [_owned_tokens(turn) for turn in speaker_turns]
+    words = _owned_tokens(reply)
+    for i, word in enumerate(words[:-1]):
+        if word != "your":
+            continue
+        thing = _owner_word(words[i + 1])
+        owners = []
+        for turn in said:
+            for j, token in enumerate(turn):
+                if _owner_word(token) not in (thing, thing + "s") and _owner_word(token) + "s" != thing:
+                    continue
+                owner = None
+                for before in reversed(turn[max(0, j - 3):j]):  # "my neighbor's dog", "my old cat"
+                    if before in _SPEAKERS_OWN or before in _NO_OWNER:
+                        owner = "speaker's or nobody's"
+                    elif before in _OTHERS_OWN or before != _owner_word(before) and before not in _IS_NOT_WHOSE:
+                        owner = "someone else's"
+                    if owner:
+                        break
+                owners.append(owner)
+        if owners and all(owner == "someone else's" for owner in owners):
+            return f"your {words[i + 1]}"
+    return None
+
+
 def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1, *, strict: bool = False) -> bool:
     """Does the reply repeat the speaker: one of their turns, all their words, or their last turn?
 

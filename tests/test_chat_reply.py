@@ -249,6 +249,37 @@ def test_a_question_ends_at_its_first_comma():
     assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
 
 
+def test_an_opener_continued_with_a_comma_is_not_gone_on_from_unless_it_is_an_interjection():
+    from trace_dspy.core.openers import comma_may_follow
+
+    assert comma_may_follow("Oh, wow") and not comma_may_follow("That must be so")
+    assert not comma_may_follow("I can imagine how") and not comma_may_follow("How are you feeling")
+    # IP+EX: "You must be feeling" goes on with a comma (left out), its spare "I can imagine how" with words.
+    goes_on = {"You must be feeling": ", your daughter's first word, that's", "I can imagine how": " proud you are.",
+               "How are you feeling": " about it?"}
+    prefills: list = []
+
+    def answer(outputs, inputs):
+        if "prefill" not in inputs:
+            return {}
+        prefills.append(inputs["prefill"])
+        return {"response": next(v for k, v in goes_on.items() if inputs["prefill"].endswith(k))}
+
+    lm, _ = fake_lm(answer)
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    inputs = reply_inputs(strategy="IP", secondary_strategy="EX")
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
+        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    assert prefills[:2] == ["You must be feeling", "I can imagine how"]
+    assert pred.response == "I can imagine how proud you are. How are you feeling about it?"
+    # After an interjection the comma is the sentence's own.
+    goes_on = {"Oh, wow": ", that's wonderful.", "How are you feeling": " about it?"}
+    inputs = reply_inputs(strategy="ER", secondary_strategy="EX")
+    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True, openers={"any": {"ER": ["Oh, wow"]}})):
+        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    assert pred.response.startswith("Oh, wow, that's wonderful.")
+
+
 def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary():
     from trace_dspy.program.reply_text import scaffold_openers
 

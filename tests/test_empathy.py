@@ -195,6 +195,12 @@ def test_copied_and_parroted_replies_score_zero():
     again = guarded.evaluate(talk, repeat)
     assert again.score == 0 and again.details["repeats_listener"] and "listener said before" in again.feedback
     assert guarded(talk, dspy.Prediction(response="At the lake where they met? That is so romantic.", **base)) > 0.5
+    # "your dog" to the neighbour's dog: the guards zero it and say whose it is; the evaluation metric does not.
+    barking = dspy.Example(dialogue="Speaker: My neighbor's dog keeps barking all night.", emotion="annoyed")
+    theirs = dspy.Prediction(response="That sounds exhausting. How are you feeling about your dog?", **base)
+    wrong = guarded.evaluate(barking, theirs)
+    assert wrong.score == 0 and wrong.details["takes_theirs"] == "your dog" and "someone else's" in wrong.feedback
+    assert m(barking, theirs) > 0.5
 
 
 class FakeEmbedder:

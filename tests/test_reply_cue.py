@@ -13,6 +13,7 @@ from trace_dspy.core.openers import (
     PLEASANT_AT_LEAST,
     SCAFFOLD_OPENERS,
     UNPLEASANT_AT_MOST,
+    WHOLE_QUESTIONS,
     tone_band,
 )
 from trace_dspy.program.pipeline import stage_signature
@@ -121,6 +122,17 @@ def test_a_band_acknowledgement_is_continued_and_a_stuck_one_gives_way_to_the_ne
     # Later candidates keep the acknowledgement (and vary the question).
     assert scaffold_openers(inputs, 1, table)[0] == ack
     assert scaffold_openers(inputs, 1, table)[1] == BAND_OPENERS["unpleasant"]["EX"][1]
+    # That question is a whole one: the model is not asked to go on from it ("How are you holding up your end?").
+    assert BAND_OPENERS["unpleasant"]["EX"][1] in WHOLE_QUESTIONS
+    prefills.clear()
+    lm, _ = fake_lm(_writer(prefills))
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    dialogue = {"dialogue": "Speaker: Someone stole my bike.", "emotion": "sad", **PLAN}
+    with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)), \
+            reply_cue(ReplyCue(pleasant=0.02)):
+        reply = dspy.Predict(signature)(**{k: v for k, v in dialogue.items() if k in signature.input_fields}).response
+    assert reply == f"{ack} your bike. How are you holding up?"
+    assert prefills == [ack]
 
 
 def test_the_program_acknowledges_in_the_prior_s_tone(monkeypatch):
@@ -180,6 +192,9 @@ def test_the_shipped_reward_prefers_a_reply_about_the_speaker():
     assert reward(flight, "That's awful news about your flight home. How are you feeling about your brother's "
                           "wedding?") == 0.0
     assert reward(flight, "That's awful news about your flight home. How are you holding up?") > 0.1
+    barking = "My neighbor's dog keeps barking all night and I can't sleep."
+    assert reward(barking, "Oh no, I'm sorry about that. How are you feeling about your dog?") == 0.0
+    assert reward(barking, "Oh no, I'm sorry about that. How are you sleeping?") > 0.1
     son = "My son took his first steps today!"
     assert reward(son, "Oh, that is so beautiful, and I'm so proud of you, my son.") == 0.0
     assert reward(son, "That's wonderful news! How did he do it?") > 0.1

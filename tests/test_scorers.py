@@ -23,6 +23,7 @@ from trace_dspy.optimize.scorers import (
     response_rules,
     rouge_l,
     sentence_count,
+    takes_theirs,
     token_f1,
     tokenize,
 )
@@ -180,3 +181,22 @@ def test_paired_bootstrap_ci():
     assert mean == pytest.approx(4 / 6) and 0 < low < mean < high <= 1
     with pytest.raises(ValueError):
         paired_bootstrap_ci([1], [1, 2])
+
+
+def test_a_thing_the_speaker_spoke_of_as_someone_elses_is_not_yours():
+    barking = ["My neighbor's dog keeps barking all night and I can't sleep."]
+    assert takes_theirs("How are you feeling about your dog?", barking) == "your dog"
+    assert takes_theirs("How are your dogs?", ["my neighbor 's dog keeps barking"]) == "your dogs"  # ED's tokens
+    assert takes_theirs("How are you feeling about the future of your team?",
+                        ["watching my daughters play with their team", "the memories are awesome"]) == "your team"
+    assert takes_theirs("I'm so happy for your wedding!", ["I gave the speech at my sister's wedding."]) \
+        == "your wedding"
+    # The speaker's own, nobody's in particular, or never named: left alone.
+    assert takes_theirs("How are you feeling about your neighbor's behavior?", ["My neighbor hit my car."]) is None
+    assert takes_theirs("How are you feeling about your sister's wedding?", ["the speech at my sister's wedding"]) \
+        is None
+    assert takes_theirs("How is your cat?", ["I have to put my old cat to sleep tomorrow."]) is None
+    assert takes_theirs("How is your car?", ["The car broke down, and her car too."]) is None
+    assert takes_theirs("How is your car?", ["My husband's car and my car both broke down."]) is None
+    assert takes_theirs("How is your new job?", ["I start Monday!"]) is None
+    assert takes_theirs("How is your dog?", ["It's dog days here."]) is None

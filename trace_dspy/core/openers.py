@@ -47,6 +47,19 @@ BAND_OPENERS = {
 BAND_ACKNOWLEDGEMENTS = frozenset(o for table in BAND_OPENERS.values() for o in table["ER"])
 
 
+# Question openers that are whole questions: the model is not asked to go on from them. What SmolLM2-135M added to
+# "How are you holding up" read badly in 10 of the 11 replies recorded ("... your end?", "... the city?", "... on a
+# bad day?"); "How are you holding up?" is what a friend asks.
+WHOLE_QUESTIONS = frozenset({"How are you holding up"})
+
+
+def comma_may_follow(opener: str) -> bool:
+    """May a continuation of ``opener`` begin with a comma? After an interjection ("Oh, wow" + ", that's great")
+    it may; after the others the sentence breaks ("That must be so" + ", your daughter's first word, ...")."""
+    last = opener.split()[-1].strip(",.!").lower() if opener.split() else ""
+    return last in ("oh", "wow")
+
+
 def tone_band(pleasant) -> str:
     """The tone band of a situation from its pleasantness (0 to 1; None, no prior: "mixed")."""
     if pleasant is None:

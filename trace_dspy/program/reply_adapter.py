@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from trace_dspy.core.openers import check_openers, scaffold_kinds
+from trace_dspy.core.openers import WHOLE_QUESTIONS, check_openers, comma_may_follow, scaffold_kinds
 from trace_dspy.core.text import words
 from trace_dspy.lm.adapters import ConstrainedChatAdapter, counting_parse
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, OutputConstraint
@@ -117,10 +117,14 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         None where it is left out."""
         from dspy.clients._deprecation import adapter_message_call
 
+        if question and opener in WHOLE_QUESTIONS:
+            return f"{opener}?"
         call = [*messages, {"role": "assistant", "content": " ".join([*said, opener])}]
         with adapter_message_call(lm, call):
             outputs = lm(messages=call, **kwargs)
         text = outputs[0].get("text") if isinstance(outputs[0], dict) else outputs[0]
+        if str(text or "").lstrip().startswith(",") and not comma_may_follow(opener):
+            return None  # it did not go on from the opener
         sentence = first_sentence(f"{opener}{text or ''}", opener)
         if question:
             sentence = question_clause(sentence, opener)

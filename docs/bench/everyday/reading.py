@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
 # The replies read: a file that changed since is refused (its verdicts would be for other replies).
 READ = {"replies-3-bands.jsonl": "7941145635242333", "replies-3-now.jsonl": "b9c0fc56f59401c7",
-        "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-now.jsonl": "9006abea941bb59b"}
+        "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-questions.jsonl": "9006abea941bb59b",
+        "replies-4-now.jsonl": "f32ab47d3e4946c6",
+        "replies-5-before.jsonl": "a3daae1103e79935", "replies-5-now.jsonl": "41c6ba584bc265bf"}
 
 # reply file -> {line index: (sendable, wrong tone, reason)}; lines not listed are sendable, in the right tone.
 NOT_SENDABLE = {
@@ -51,7 +55,7 @@ NOT_SENDABLE = {
         28: (False, False, "'What happened to them?' about the kids who made breakfast"),
         29: (False, False, "'nostalgic' for moving back home after losing a job"),
     },
-    "replies-4-now.jsonl": {
+    "replies-4-questions.jsonl": {
         1: (False, False, "a nursing career 'dedicated to your health'"),
         2: (False, False, "broken: 'That must be so, your daughter's first word'"),
         10: (False, False, "asks about 'the company', not the coffee shop"),
@@ -61,7 +65,29 @@ NOT_SENDABLE = {
         26: (False, False, "a rambling question about luck and doing things your way"),
         29: (False, False, "'nostalgic' for moving back home after losing a job"),
     },
+    "replies-4-now.jsonl": {
+        1: (False, False, "a nursing career 'dedicated to your health'"),
+        10: (False, False, "asks about 'the company', not the coffee shop"),
+        20: (False, True, "'That must be so frustrating' to a stranger's kindness"),
+        24: (False, True, "'I'm so sorry to hear about your sister's wedding'"),
+        26: (False, False, "a rambling question about luck and doing things your way"),
+        29: (False, False, "'nostalgic' for moving back home after losing a job"),
+    },
+    # Twenty messages written before the reply stage changed again, read only after both runs.
+    "replies-5-before.jsonl": {
+        0: (False, False, "'your car's financial struggles'"),
+        1: (False, False, "'your dad's victory': the speaker won"),
+        3: (False, False, "'proud of yourself' for expecting twins"),
+        4: (False, False, "asks about the kids, not the broken wrist"),
+        13: (False, False, "a graduation called 'your brother's career'; 'see him go'"),
+        14: (False, False, "a burned turkey read as a wedding"),
+        15: (False, True, "condoles a letter from an old friend; 'How did you know I'd send you a letter?'"),
+        18: (False, False, "broken: 'That sounds great, Mrs.'"),
+        19: (False, False, "'your team' to someone who did not make the team"),
+    },
 }
+# The second run differs in one reply (line 14 gained "How are you holding up?"); the verdicts are the same.
+NOT_SENDABLE["replies-5-now.jsonl"] = dict(NOT_SENDABLE["replies-5-before.jsonl"])
 
 
 def main(out: str) -> None:
@@ -78,11 +104,15 @@ def main(out: str) -> None:
             sendable, wrong_tone, reason = verdicts.get(i, (True, False, ""))
             items.append({"message": row["dialogue"].removeprefix("Speaker: "), "reply": row["response"],
                           "sendable": sendable, "wrong_tone": wrong_tone, **({"reason": reason} if reason else {})})
+        openings = Counter(" ".join(re.findall(r"[a-z']+", i["reply"].lower())[:2]) for i in items)
         record["files"][name] = {"replies": len(items), "sendable": sum(i["sendable"] for i in items),
-                                 "wrong_tone": sum(i["wrong_tone"] for i in items), "items": items}
+                                 "wrong_tone": sum(i["wrong_tone"] for i in items),
+                                 "most_common_opening": list(openings.most_common(1)[0]), "items": items}
     Path(out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     for name, summary in record["files"].items():
-        print(f"{name}: {summary['sendable']}/{summary['replies']} sendable, {summary['wrong_tone']} in the wrong tone")
+        opening, uses = summary["most_common_opening"]
+        print(f"{name}: {summary['sendable']}/{summary['replies']} sendable, {summary['wrong_tone']} in the wrong tone, "
+              f"most common opening {opening!r} in {uses}")
 
 
 if __name__ == "__main__":
