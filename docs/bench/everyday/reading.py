@@ -26,7 +26,8 @@ HERE = Path(__file__).parent
 READ = {"replies-3-bands.jsonl": "7941145635242333", "replies-3-now.jsonl": "b9c0fc56f59401c7",
         "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-questions.jsonl": "9006abea941bb59b",
         "replies-4-now.jsonl": "f32ab47d3e4946c6",
-        "replies-5-before.jsonl": "a3daae1103e79935", "replies-5-now.jsonl": "41c6ba584bc265bf"}
+        "replies-5-old.jsonl": "0f893d9ffae2d2aa", "replies-5-before.jsonl": "a3daae1103e79935",
+        "replies-5-now.jsonl": "41c6ba584bc265bf"}
 
 # reply file -> {line index: (sendable, wrong tone, reason)}; lines not listed are sendable, in the right tone.
 NOT_SENDABLE = {
@@ -73,7 +74,18 @@ NOT_SENDABLE = {
         26: (False, False, "a rambling question about luck and doing things your way"),
         29: (False, False, "'nostalgic' for moving back home after losing a job"),
     },
-    # Twenty messages written before the reply stage changed again, read only after both runs.
+    # Twenty messages written before the reply stage changed again, read only after the runs: the program before
+    # the tone work (commit 241a2e6), at the start of the last change, and now.
+    "replies-5-old.jsonl": {
+        3: (False, True, "'That sounds like a nightmare' to expecting twins"),
+        4: (False, False, "'What happened to those kids?' to a broken wrist"),
+        5: (False, False, "asks a grandchild how many years they have been married"),
+        6: (False, False, "'What happened to those keys?': they said they lost them"),
+        12: (False, False, "'What happened to that project?': they said it was cancelled"),
+        14: (False, False, "'What happened to those delicious turkey legs?' to a burned turkey"),
+        15: (False, False, "broken: 'the letter, a lost letter?'"),
+        18: (False, False, "broken: 'That sounds great, Mrs.'"),
+    },
     "replies-5-before.jsonl": {
         0: (False, False, "'your car's financial struggles'"),
         1: (False, False, "'your dad's victory': the speaker won"),
