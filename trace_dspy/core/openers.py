@@ -48,8 +48,9 @@ BAND_ACKNOWLEDGEMENTS = frozenset(o for table in BAND_OPENERS.values() for o in 
 
 
 # Question openers that are whole questions: the model is not asked to go on from them. What SmolLM2-135M added to
-# "How are you holding up" read badly in 10 of the 11 replies recorded ("... your end?", "... the city?", "... on a
-# bad day?"); "How are you holding up?" is what a friend asks.
+# "How are you holding up" mostly spoiled it ("... your end?", "... the road with that battery?", "... on the 60
+# days?"; docs/results/replies.md, "Whole questions, broken openers and whose it is"); "How are you holding up?"
+# is what a friend asks.
 WHOLE_QUESTIONS = frozenset({"How are you holding up"})
 
 
