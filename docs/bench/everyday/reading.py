@@ -27,7 +27,9 @@ READ = {"replies-3-bands.jsonl": "7941145635242333", "replies-3-now.jsonl": "b9c
         "replies-4-before.jsonl": "bfae2b06ea3bce4d", "replies-4-questions.jsonl": "9006abea941bb59b",
         "replies-4-now.jsonl": "f32ab47d3e4946c6",
         "replies-5-old.jsonl": "0f893d9ffae2d2aa", "replies-5-before.jsonl": "a3daae1103e79935",
-        "replies-5-now.jsonl": "41c6ba584bc265bf"}
+        "replies-5-now.jsonl": "41c6ba584bc265bf",
+        "replies-3-threshold.jsonl": "73ec06d939d391f5", "replies-4-threshold.jsonl": "4016ac7333c245d4",
+        "replies-6-old.jsonl": "339717e3d6f24c9c", "replies-6-now.jsonl": "3d65fbaca9e0e70f"}
 
 # reply file -> {line index: (sendable, wrong tone, reason)}; lines not listed are sendable, in the right tone.
 NOT_SENDABLE = {
@@ -100,6 +102,45 @@ NOT_SENDABLE = {
 }
 # The second run differs in one reply (line 14 gained "How are you holding up?"); the verdicts are the same.
 NOT_SENDABLE["replies-5-now.jsonl"] = dict(NOT_SENDABLE["replies-5-before.jsonl"])
+# The tuning messages with a Best-of-N threshold of 0.7 (respond_threshold.py; not kept).
+NOT_SENDABLE["replies-3-threshold.jsonl"] = {
+    0: (False, False, "'You must be feeling too proud, ain't ya?'"),
+    4: (False, False, "'a sweet treat' for tomatoes that came up"),
+    11: (False, False, "'That must be so hard on you, my cat.': speaks as the speaker"),
+    13: (False, False, "incoherent: 'that must be affecting you, a coworker'"),
+    14: (False, False, "'How did she remember me?': speaks as the speaker"),
+}
+NOT_SENDABLE["replies-4-threshold.jsonl"] = {
+    0: (False, False, "a rambling question about driving three hours without a tow truck"),
+    1: (False, False, "a nursing career 'dedicated to your health'"),
+    3: (False, False, "'Oh, wow, wow. How did you get married?' to an ex's wedding"),
+    10: (False, False, "'How are you feeling about the new one?' to a coffee shop that closed"),
+    20: (False, False, "'That sounds really weird. How did you get your card?'"),
+    24: (False, True, "'I'm so sorry to hear about your sister's wedding'"),
+    26: (False, False, "a rambling question about luck and doing things your way"),
+    29: (False, False, "'That sounds like it happened a while ago. How did you move back in?'"),
+}
+# Twenty more, written before a change that was then not kept, read after both runs: the program before the tone
+# work (commit 241a2e6) and now.
+NOT_SENDABLE["replies-6-old.jsonl"] = {
+    0: (False, False, "'proud of yourself' for a daughter's job offer"),
+    2: (False, True, "'I'm so sorry for your loss' to a bakery that remembered them"),
+    6: (False, False, "'I'm so glad you enjoyed my chili': speaks as the speaker"),
+    9: (False, False, "condoles the son's pain: he is the one bullying"),
+    10: (False, False, "'How did you find me?'"),
+    12: (False, False, "'a sweet treat' for a returned wallet"),
+    15: (False, False, "'a tough decision' for jury duty"),
+    16: (False, False, "'my dad', 'How are you feeling about me?': speaks as the speaker"),
+    17: (False, False, "'so brave!' then 'that is a shame'"),
+}
+NOT_SENDABLE["replies-6-now.jsonl"] = {
+    1: (False, False, "broken: 'a beautiful cedar cedar cedar cedar'"),
+    7: (False, False, "'your roommate's situation': the rent is the speaker's problem"),
+    9: (False, False, "reads the son as bullied, not bullying"),
+    12: (False, False, "'nostalgic' for a returned wallet"),
+    14: (False, True, "'I'm so sorry to hear about your cat' to newborn kittens"),
+    16: (False, False, "'You must be feeling lost' to a father who misses them"),
+}
 
 
 def main(out: str) -> None:
