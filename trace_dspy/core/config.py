@@ -160,8 +160,8 @@ class ProgramConfig:
         least, ties broken by a stable hash of the speaker's last turn. Without
         a history (evaluations, compiles) the best one. 1: always the best. A
         tone band's acknowledgements (``trace_dspy.core.openers.BAND_OPENERS``)
-        are all drawn from, with or without a history, whatever this says. Artifacts saved before the option existed load with the
-        default.
+        are all drawn from, with or without a history, whatever this says.
+        Artifacts saved before the option existed load with the default.
     variety_penalty: where the program keeps a history of the openings of its
         recent replies (``respond`` and ``chat`` do; evaluations and compiles
         do not), the reply race and Best-of-N sampling lower each candidate by

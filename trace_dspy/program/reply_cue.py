@@ -4,8 +4,8 @@ openings of the program's recent replies.
 The program sets a ``ReplyCue`` around its reply stage (``reply_cue``); the scaffolded reply's adapter reads it
 (``current_cue``) to choose its openers: an acknowledgement and a question in the situation's tone where the
 emotion prior is sure of it (``trace_dspy.core.openers.BAND_OPENERS``), and, with a history of openings
-(``respond``, ``chat``), the option recent replies used least. A context variable keeps it per thread and per dialogue, so the
-adapter, shared between programs, holds no per-call state.
+(``respond``, ``chat``), the option recent replies used least. A context variable keeps it per thread and per
+dialogue, so the adapter, shared between programs, holds no per-call state.
 """
 
 from __future__ import annotations

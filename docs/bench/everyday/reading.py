@@ -164,8 +164,8 @@ def main(out: str) -> None:
     Path(out).write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     for name, summary in record["files"].items():
         opening, uses = summary["most_common_opening"]
-        print(f"{name}: {summary['sendable']}/{summary['replies']} sendable, {summary['wrong_tone']} in the wrong tone, "
-              f"most common opening {opening!r} in {uses}")
+        print(f"{name}: {summary['sendable']}/{summary['replies']} sendable, "
+              f"{summary['wrong_tone']} in the wrong tone, most common opening {opening!r} in {uses}")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,8 @@ def main(out: str) -> None:
     scored = []
     for (message, reply), (sendable, stages) in pairs.items():
         inputs = {"dialogue": f"Speaker: {message}", "emotion": stages.get("emotion", ""),
-                  "strategy": stages.get("strategy", "EX"), "secondary_strategy": stages.get("secondary_strategy", "EX"),
-                  "exemplars": []}
+                  "strategy": stages.get("strategy", "EX"),
+                  "secondary_strategy": stages.get("secondary_strategy", "EX"), "exemplars": []}
         scored.append((sendable, float(program.reply_reward(inputs, dspy.Prediction(response=reply)))))
     good = [r for ok, r in scored if ok]
     bad = [r for ok, r in scored if not ok]
