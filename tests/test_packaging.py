@@ -114,13 +114,35 @@ def test_installed_package_resolves_the_mapped_folders(tmp_path):
     assert no_top_level == "True True"
 
 
-def test_the_packaged_program_is_the_checkouts_default():
-    """The wheel carries the program respond runs by default in the checkout (a new default compile must move
-    pyproject.toml's mapping with it)."""
+def _committed_versions(tmp_path: Path) -> Path:
+    """A copy of the program versions the repository ships (those git tracks), without any a user's own compile
+    added to the checkout's artifacts/ folder."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--", "artifacts/trace-dspy"], cwd=REPO, capture_output=True,
+                            timeout=60)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: which versions the repository ships is unknown")
+    root = tmp_path / "artifacts"
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        target = root / Path(name).relative_to("artifacts")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    return root
+
+
+def test_the_packaged_program_is_the_checkouts_default(tmp_path, monkeypatch):
+    """The wheel carries the program respond runs by default among the versions the repository ships (a new
+    default compile must move pyproject.toml's mapping with it). A version the user compiled into the checkout
+    does not count: it is not part of the repository."""
+    from trace_dspy.store import artifacts
     from trace_dspy.workflows.loading import default_reference
 
-    # conftest points TRACE_DSPY_ARTIFACTS at an empty folder: the default comes from the checkout's artifacts/
-    assert Path(default_reference()) == REPO / _default_program_dir()
+    committed = _committed_versions(tmp_path)
+    monkeypatch.setattr(artifacts, "CHECKOUT_ROOT", tmp_path / "no-checkout-artifacts")
+    monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(committed))
+    default = default_reference()
+    assert default.startswith("trace-dspy@v")
+    number = int(default.removeprefix("trace-dspy@v"))
+    assert f"artifacts/trace-dspy/v{number:04d}" == _default_program_dir()
     assert _pyproject()["project"]["scripts"] == {"trace-dspy": "trace_dspy.cli.main:main"}
 
 
@@ -140,13 +162,30 @@ print(json.dumps({"package": trace_dspy.__file__, "reply": reply, "stages": engi
 """
 
 
+def _borrow_site_packages(python: Path) -> None:
+    """Let the new venv at ``python`` import pip and the dependencies (every extra) from the interpreter running
+    the tests, whether that is a system Python or the user's own venv (``--system-site-packages`` would reach only
+    the base interpreter, which a venv user's packages are not in).
+
+    A ``.pth`` file of plain folder lines appends them to ``sys.path`` after the venv's own site-packages, so the
+    wheel's files come first; the ``.pth`` files inside those folders are not run, so an editable install of this
+    checkout stays out of the way.
+    """
+    import site
+
+    outer = [p for p in (*site.getsitepackages(), site.getusersitepackages()) if Path(p).is_dir()]
+    own = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.strip()
+    Path(own).mkdir(parents=True, exist_ok=True)
+    (Path(own) / "zz_borrowed_dependencies.pth").write_text("".join(f"{p}\n" for p in outer))
+
+
 @pytest.mark.slow
 def test_the_installed_wheel_runs_the_packaged_default_from_any_directory(wheel, tmp_path):
     venv = tmp_path / "venv"
-    # the system's site-packages provide pip and the dependencies (every extra); the wheel's files come first
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
-                   timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python, script = venv / "bin/python", venv / "bin/trace-dspy"
+    _borrow_site_packages(python)
     install = subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                              capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 LONG_RUN = "<!-- readme-test: long run -->"
 TEST_COMMAND = ("python", "-m", "pytest")
+VENV_ACTIVATE = ".venv/bin/activate"
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,12 @@ def _check_shell_command(words: list[str], block: Block, monkeypatch) -> str:
     env, words = _split_env(words)
     if tuple(words[:3]) == TEST_COMMAND:
         return ""  # exempt: .ci/run runs it (test_ci_runs_the_readme_test_command)
+    if tuple(words[:3]) == ("python", "-m", "venv"):
+        assert not env and words[3:] == [VENV_ACTIVATE.split("/")[0]], words  # the folder activated below
+        return ""  # .ci/run makes its environment the same way
+    if words[0] in (".", "source"):
+        assert words[1:] == [VENV_ACTIVATE], f"README.md:{block.line}: only the venv's activation is sourced"
+        return ""
     if words[0] == "pip":
         assert not env
         _check_pip(words)
