@@ -30,9 +30,10 @@ from typing import Any
 
 from trace_dspy.cli.common import add_model_args, add_trace_arg, enter_tracing, fail, settings_from_args, setup_logging
 from trace_dspy.core.config import ConfigError
+from trace_dspy.core.console import clear_status_line, out, status_line
 from trace_dspy.core.dialogue import DialogueError
 from trace_dspy.core.safety import redact, terminal_safe
-from trace_dspy.workflows.conversation import ChatSession
+from trace_dspy.workflows.conversation import ChatSession, TranscriptError
 
 HELP = """commands:
   /stages       show or hide each stage's output
@@ -63,7 +64,7 @@ class Repl:
                  write: Callable[[str], None] | None = None, interactive: bool = False):
         self.session = session
         self.read = read
-        raw = write or (lambda text: print(text, flush=True))
+        raw = write or out
         # Model output and echoed input may hold terminal escape sequences: they are shown, never obeyed.
         self.write = lambda text: raw(terminal_safe(text))
         self.interactive = interactive
@@ -121,14 +122,15 @@ class Repl:
                 path = self.session.save(arg)
             except OSError as exc:
                 self.write(f"error: cannot write {arg}: {exc.strerror or exc}")
+            except TranscriptError as exc:  # not a transcript of ours, or another run is writing it
+                self.write(f"error: {exc}")
             else:
                 n = len(self.session.exchanges)
                 self.write(f"(saved {n} exchange{'s' * (n != 1)} to {path})")
 
     def turn(self, text: str) -> None:
         if self.interactive:
-            sys.stdout.write("  (thinking...)")
-            sys.stdout.flush()
+            status_line("  (thinking...)", sys.stdout)
         try:
             exchange = self.session.say(text)
         except DialogueError as exc:
@@ -148,8 +150,7 @@ class Repl:
 
     def _clear_thinking(self) -> None:
         if self.interactive:
-            sys.stdout.write("\r\x1b[K")
-            sys.stdout.flush()
+            clear_status_line(sys.stdout)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        print("\nbye")
+        out("\nbye")
         return 0
 
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
@@ -206,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             pass
         program = loaded.label
-        print(f"trace-dspy chat: program {program}, model {settings_model(loaded)}")
-        print("Type the speaker's turn and press Enter; /help lists the commands, Ctrl-D leaves.")
+        out(f"trace-dspy chat: program {program}, model {settings_model(loaded)}")
+        out("Type the speaker's turn and press Enter; /help lists the commands, Ctrl-D leaves.")
     session = ChatSession(loaded.program, lm, show_stages=args.show_stages)
     with contextlib.ExitStack() as stack:
         code = enter_tracing(stack, args, settings)

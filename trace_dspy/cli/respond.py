@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -33,18 +32,18 @@ from trace_dspy.cli.common import add_model_args, add_trace_arg, enter_tracing, 
 from trace_dspy.core import env as env_vars
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
-from trace_dspy.core.safety import terminal_safe
+from trace_dspy.core.console import out, out_json, say
 from trace_dspy.workflows.batch import (
     BatchError,
     OutputWriteError,
     check_batch_paths,
+    check_output_free,
     format_stages,
     respond_batch,
 )
 
 # Exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 INTERRUPTED = 130
-C1_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x80, 0xA0)}
 
 
 
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while the model loads, or in a one-thread batch
         where = f"; the finished replies are in {args.output}. Rerun the same command to answer the rest" \
             if args.input else ""
-        print(f"\ninterrupted{where}", file=sys.stderr)
+        say(f"\ninterrupted{where}")
         return INTERRUPTED
 
 
@@ -102,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.input:
         try:
             check_batch_paths(args.input, args.output)
+            check_output_free(args.output)
         except BatchError as exc:
             return fail(str(exc))
     if args.engine == "spark":
@@ -150,13 +150,12 @@ def _answer(args: argparse.Namespace, message: str | None, program, default_lm) 
         except KeyboardInterrupt:
             if args.threads <= 1:
                 raise
-            print(f"\ninterrupted; the finished replies are in {args.output}. Rerun the same command to answer "
-                  "the rest", file=sys.stderr)
-            sys.stderr.flush()
+            say(f"\ninterrupted; the finished replies are in {args.output}. Rerun the same command to answer "
+                "the rest")
             # Worker threads may be inside a model call; do not wait for them (every row is already on disk).
             os._exit(INTERRUPTED)
-        print(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
-              f"{report.failed} failed (see the 'error' field in {args.output})", file=sys.stderr)
+        say(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
+            f"{report.failed} failed (see the 'error' field in {args.output})")
         return 0 if report.ok else 1
 
     from trace_dspy.cli.common import (
@@ -177,19 +176,18 @@ def _answer(args: argparse.Namespace, message: str | None, program, default_lm) 
         return fail(str(exc))
     except KeyboardInterrupt:
         status.clear()
-        print("\ninterrupted", file=sys.stderr)
+        say("\ninterrupted")
         return INTERRUPTED
     except Exception as exc:
         status.clear()
         return fail(f"the model call failed: {type(exc).__name__}: {exc}", code=1)
     status.clear()
     if args.json:
-        # JSON escapes C0 controls itself; C1 controls (U+0080-U+009F) are escaped too.
-        print(json.dumps(pred.toDict(), ensure_ascii=False, indent=2).translate(C1_ESCAPES))
+        out_json(pred.toDict(), indent=2)
     elif args.show_stages:
-        print(terminal_safe(format_stages(pred)))
+        out(format_stages(pred))
     else:
-        print(terminal_safe(pred.response))
+        out(pred.response)
     return 0
 
 
@@ -215,7 +213,7 @@ def _run_spark(args: argparse.Namespace) -> int:
         env[env_vars.THREADS] = str(args.threads)  # per Spark task, remote LMs only
     with temporary_workdir() as workdir:
         try:
-            uri = model_uri_for(args.program, workdir=Path(workdir))
+            uri = model_uri_for(args.program, workdir=Path(workdir), allow_unverified=settings.allow_unverified_model)
             report = respond_spark(args.input, args.output, uri, master=args.spark_master,
                                    partitions=args.partitions, executor_env=env)
         except (BatchError, SparkUnavailable, ValueError, FileNotFoundError) as exc:
@@ -225,8 +223,8 @@ def _run_spark(args: argparse.Namespace) -> int:
         except Exception as exc:  # a Spark job that failed as a whole (rows answered so far are on disk)
             return fail(f"the Spark job failed: {type(exc).__name__}: {str(exc).splitlines()[0][:500]}; the rows "
                         f"answered before it are in {args.output}, and a rerun answers the rest", code=1)
-    print(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
-          f"{report.failed} failed (see the 'error' field in {args.output})", file=sys.stderr)
+    say(f"{report.total} dialogues: {report.answered} answered now, {report.skipped} already done, "
+        f"{report.failed} failed (see the 'error' field in {args.output})")
     return 0 if report.ok else 1
 
 

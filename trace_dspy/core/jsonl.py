@@ -19,6 +19,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+# The largest results file read back (a run's rows, each a few KB); past it the file is refused, not read.
+MAX_RECORDS_BYTES = 1024 * 1024 * 1024
+
+
 class ForeignFileError(ValueError):
     """An existing file that is not an output of this command; it is left untouched."""
 
@@ -49,7 +53,7 @@ def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[
         return {}
     if not path.is_file():
         raise ForeignFileError(f"{path} is not a file")
-    data = path.read_bytes()
+    data = _read_checked(path, links=True)
     complete = data.rfind(b"\n") + 1  # bytes up to the last newline; the rest is a torn line
     ours = _accepts(key, accept)
     records, bad = _complete_lines(path, data[:complete], key, ours, what, strict)
@@ -63,12 +67,12 @@ def read_records(path: str | os.PathLike, key: str = "id", *, accept: Callable[[
     if len(bad) > 5:
         log.warning("skipping %d more damaged lines of %s", len(bad) - 5, path)
     if newline_missing:  # a complete last record, only its newline missing: appends go after it
-        with open(path, "ab") as fh:
+        with open(path, "ab") as fh:  # file-audit: appends the newline the results file just read lacks
             fh.write(b"\n")
     elif complete != len(data):
         log.warning("%s: cutting off a torn last line (%d bytes; a run was stopped mid-write)", path,
                     len(data) - complete)
-        with open(path, "r+b") as fh:
+        with open(path, "r+b") as fh:  # file-audit: cuts the torn last line off the results file just read
             fh.truncate(complete)
     return records
 
@@ -132,7 +136,7 @@ class AppendWriter:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "a", encoding="utf-8")  # file-audit: appends rows; nothing is read
         self._lock = threading.Lock()
 
     def write(self, record: dict) -> None:
@@ -157,6 +161,7 @@ def _atomic_write(path: str | os.PathLike, write: Callable, *, binary: bool = Fa
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:6]}.tmp")
     try:
+        # file-audit: writes a new private temporary file, renamed over the target once complete
         with (open(tmp, "wb") if binary else open(tmp, "w", encoding="utf-8")) as fh:
             write(fh)
             fh.flush()
@@ -184,10 +189,12 @@ def atomic_add_records(path: str | os.PathLike, records: Iterable[dict], *,
     A record counts as held when an existing line parses to the same object,
     fields named in ``ignore`` left out of the comparison; adding the same
     records twice (a rerun after a crash) adds nothing the second time.
-    Lines that are not JSON are kept and compare with nothing.
+    Lines that are not JSON are kept and compare with nothing. A symbolic link
+    at ``path`` is refused (``ForeignFileError``): its target's lines are never
+    read into the new file.
     """
     path = Path(path)
-    data = path.read_bytes() if path.exists() else b""
+    data = _read_plain(path)
     ignore = frozenset(ignore)
 
     def same(rec) -> str:
@@ -218,6 +225,25 @@ def atomic_add_records(path: str | os.PathLike, records: Iterable[dict], *,
 
     _atomic_write(path, write, binary=True)
     return len(new)
+
+
+def _read_plain(path: Path) -> bytes:
+    """The bytes of ``path`` (none when it is missing), refusing a symbolic link or anything but a file."""
+    return _read_checked(path, links=False)
+
+
+def _read_checked(path: Path, *, links: bool) -> bytes:
+    """The bytes of ``path`` read through :func:`trace_dspy.core.files.read_bytes` (a regular file of at most
+    ``MAX_RECORDS_BYTES``; ``links=False``: not a symbolic link); none when it is missing. Any other file is
+    a ``ForeignFileError``, and is left as it is."""
+    from trace_dspy.core.files import FileCheckError, read_bytes
+
+    try:
+        return read_bytes(path, max_bytes=MAX_RECORDS_BYTES, links=links)
+    except FileCheckError as exc:
+        if exc.missing:
+            return b""
+        raise ForeignFileError(f"{exc}; it was left as it is") from None
 
 
 def atomic_write_json(path: str | os.PathLike, data) -> None:

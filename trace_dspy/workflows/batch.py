@@ -69,42 +69,57 @@ class BatchError(ValueError):
     """The batch cannot start (its input or output is unusable); nothing was asked or changed."""
 
 
+# Bounds on a batch input: the whole file, and a line (one past load_json's limit is that line's error; one past
+# this bound stops the batch before any model call).
+MAX_INPUT_BYTES = 1024 * 1024 * 1024
+MAX_INPUT_LINE_BYTES = 64 * 1024 * 1024
+
+
 def read_batch_input(path: Path) -> list[tuple[str, Any, int]]:
     """(id, dialogue or an InputLineError, line number) for every non-blank line.
 
     Ids must be unique, whether given or generated (``line-N``): a repeated id
     would let one answer overwrite another on resume, so it is refused
-    (``BatchError``) before any model call.
+    (``BatchError``) before any model call. So is a file that is not a regular file
+    (a FIFO, a device), or one past ``MAX_INPUT_BYTES`` or with a line past
+    ``MAX_INPUT_LINE_BYTES`` (:class:`~trace_dspy.core.files.TextLines`).
     """
+    from trace_dspy.core.files import FileCheckError, TextLines
     from trace_dspy.core.safety import JSONLimitError, load_json
+
+    def numbered():
+        try:
+            with TextLines(path, max_bytes=MAX_INPUT_BYTES, max_line_bytes=MAX_INPUT_LINE_BYTES) as lines:
+                yield from lines.raw()  # undecoded: load_json makes bad bytes that line's error
+        except FileCheckError as exc:
+            raise BatchError(f"{exc}. Nothing was answered") from None
 
     items: list[tuple[str, Any, int]] = []
     first_line: dict[str, int] = {}
     repeated: list[str] = []
-    with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            item_id, dialogue = f"line-{n}", None
-            try:
-                obj = load_json(raw, f"{path}:{n}")
-                if not isinstance(obj, dict):
-                    raise InputLineError(f"expected a JSON object, got {type(obj).__name__}")
-                if "id" in obj:
-                    if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
-                        raise InputLineError(f"'id' must be text or an integer, not {type(obj['id']).__name__}")
-                    item_id = str(obj["id"])
-                dialogue = obj.get("turns", obj.get("dialogue"))
-                if dialogue is None:
-                    raise InputLineError("needs 'turns' or 'dialogue'")
-            except JSONLimitError as exc:
-                dialogue = InputLineError(str(exc).removeprefix(f"{path}:{n}: "))
-            except InputLineError as exc:
-                dialogue = exc
-            if item_id in first_line:
-                repeated.append(f"{item_id!r} (lines {first_line[item_id]} and {n})")
-            first_line.setdefault(item_id, n)
-            items.append((item_id, dialogue, n))
+    for n, raw in numbered():
+        if not raw.strip():
+            continue
+        item_id, dialogue = f"line-{n}", None
+        try:
+            obj = load_json(raw, f"{path}:{n}")
+            if not isinstance(obj, dict):
+                raise InputLineError(f"expected a JSON object, got {type(obj).__name__}")
+            if "id" in obj:
+                if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
+                    raise InputLineError(f"'id' must be text or an integer, not {type(obj['id']).__name__}")
+                item_id = str(obj["id"])
+            dialogue = obj.get("turns", obj.get("dialogue"))
+            if dialogue is None:
+                raise InputLineError("needs 'turns' or 'dialogue'")
+        except JSONLimitError as exc:
+            dialogue = InputLineError(str(exc).removeprefix(f"{path}:{n}: "))
+        except InputLineError as exc:
+            dialogue = exc
+        if item_id in first_line:
+            repeated.append(f"{item_id!r} (lines {first_line[item_id]} and {n})")
+        first_line.setdefault(item_id, n)
+        items.append((item_id, dialogue, n))
     if repeated:
         more = f" and {len(repeated) - 3} more" if len(repeated) > 3 else ""
         raise BatchError(f"{path}: ids must be unique (a line without 'id' is line-N); repeated: "
@@ -157,16 +172,45 @@ def aside_path(output_path: Path) -> Path:
 
 
 def check_batch_paths(input_path: Path, output_path: Path) -> None:
-    """Refuse an output that is the input, or a folder; before anything is read or written."""
+    """Refuse an output that is the input, or a folder, and a side file (:func:`aside_path`) that rows
+    moved aside could not safely be added to; before anything is read or written."""
     if output_path.exists() and (output_path.resolve() == input_path.resolve()
                                  or os.path.samefile(output_path, input_path)):
         raise BatchError(f"--output {output_path} is the input file; choose another file for the replies")
     if output_path.is_dir():
         raise BatchError(f"--output {output_path} is a folder; give a file name")
     side = aside_path(output_path)
-    if side.exists() and (not side.is_file() or os.path.samefile(side, input_path)):
+    problem = _aside_problem(side, input_path, output_path)
+    if problem:
         raise BatchError(f"{side} (where rows of earlier runs that the input no longer asks for are kept) is "
-                         "the input file or not a plain file; move it away or choose another --output")
+                         f"{problem}; it was left as it is. Move it away or choose another --output")
+
+
+def _aside_problem(side: Path, input_path: Path, output_path: Path) -> str | None:
+    """Why rows cannot be moved to ``side``: a link (its target's rows would be copied, or the moved rows
+    land in the output and vanish at its rewrite), not a regular file, or the input or output itself."""
+    if side.is_symlink():
+        return f"a symbolic link (to {os.path.realpath(side)})"
+    if not side.exists():
+        return None
+    if not side.is_file():
+        return "not a regular file"
+    for name, other in (("input", input_path), ("output", output_path)):
+        if other.exists() and os.path.samefile(side, other):
+            return f"the {name} file itself (a hard link)"
+    return None
+
+
+def check_output_free(output_path: Path) -> None:
+    """Refuse at once (``BatchError``) an output that another run is writing, before a model is loaded;
+    the run itself holds the output's lock from its first reading to its last write (``run_resumable``)."""
+    from trace_dspy.core.locks import OutputLockError, output_lock
+
+    try:
+        with output_lock(output_path):
+            pass
+    except OutputLockError as exc:
+        raise BatchError(str(exc)) from None
 
 
 class OutputWriteError(OSError):
@@ -215,12 +259,14 @@ class ResumePlan:
 
     def move_aside(self) -> int:
         """Add the ``aside`` rows to the side file (atomically, none twice); return how many were added."""
-        from trace_dspy.core.jsonl import atomic_add_records
+        from trace_dspy.core.jsonl import ForeignFileError, atomic_add_records
 
         if not self.aside:
             return 0
         try:
             added = atomic_add_records(self.aside_path, self.aside, ignore=(MOVED,))
+        except ForeignFileError as exc:  # made a link after the check: left as it is
+            raise BatchError(f"{exc}; nothing was asked and {self.output_path} is as it was") from None
         except OSError as exc:
             raise OutputWriteError(self.aside_path, exc, f"nothing was asked and {self.output_path} is as it "
                                    "was") from exc
@@ -270,9 +316,13 @@ def _canonical(dialogue: Any) -> str | None:
 def plan_batch(input_path: Path, output_path: Path) -> ResumePlan:
     """Read the input and the earlier output; decide what is reused, asked and moved aside (see
     ``ResumePlan``). Raises ``BatchError`` (nothing read or changed) for an unusable input or an output
-    that is not this command's."""
+    that is not this command's. Runs inside :func:`~trace_dspy.core.locks.output_lock` of the output, so
+    that no other run changes the output between this reading and the final rewrite."""
     from trace_dspy.core.jsonl import ForeignFileError, read_records
+    from trace_dspy.core.locks import holds_lock
 
+    if not holds_lock(output_path):
+        raise RuntimeError(f"plan_batch runs inside output_lock({str(output_path)!r}); see run_resumable")
     check_batch_paths(input_path, output_path)
     items = read_batch_input(input_path)
     try:
@@ -401,15 +451,26 @@ def run_resumable(input_path: str | os.PathLike, output_path: str | os.PathLike,
 
     Plans the run against the earlier output (:func:`plan_batch`), moves stale rows aside, calls
     ``answer_all(plan, write)`` to answer ``plan.todo`` (``write`` appends one row, then calls
-    ``on_row``), and rewrites the output in input order; returns the report.
+    ``on_row``), and rewrites the output in input order; returns the report. All of it runs under the
+    output's lock (:func:`~trace_dspy.core.locks.output_lock`): a second run on the same output is
+    refused (``BatchError``) before it reads or changes anything.
     """
-    plan = plan_batch(Path(input_path), Path(output_path))
-    plan.move_aside()
-    with AppendWriter(Path(output_path)) as out:
-        def write(rec: dict) -> None:
-            plan.append(out, rec)
-            if on_row:
-                on_row(rec)
+    from contextlib import ExitStack
 
-        answer_all(plan, write)
-    return plan.finish()
+    from trace_dspy.core.locks import OutputLockError, output_lock
+
+    with ExitStack() as held:
+        try:
+            held.enter_context(output_lock(output_path))
+        except OutputLockError as exc:
+            raise BatchError(str(exc)) from None
+        plan = plan_batch(Path(input_path), Path(output_path))
+        plan.move_aside()
+        with AppendWriter(Path(output_path)) as out:
+            def write(rec: dict) -> None:
+                plan.append(out, rec)
+                if on_row:
+                    on_row(rec)
+
+            answer_all(plan, write)
+        return plan.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,8 +10,62 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.core.jsonl import atomic_write_lines
+from trace_dspy.core.jsonl import atomic_add_records, atomic_write_lines
 from trace_dspy.workflows.batch import stage_outputs
+
+# The fields of a saved exchange (``ChatSession.records``), and the conversation ids a session gives.
+TRANSCRIPT_FIELDS = frozenset({"id", "conversation_id", "turns", "emotion", "reply"})
+_CONVERSATION_ID = re.compile(r"chat-[0-9a-f]{8}")
+
+
+class TranscriptError(ValueError):
+    """A file that cannot take the conversation (not a transcript of ours, or another run is writing it);
+    it is left as it is."""
+
+
+def is_transcript_record(rec: Any) -> bool:
+    """A record as ``ChatSession.records`` writes it: exactly its fields, a ``chat-`` conversation id, an id of
+    that conversation, text turns, emotion and reply (the emotion may have been corrected by hand)."""
+    if not isinstance(rec, dict) or set(rec) != TRANSCRIPT_FIELDS:
+        return False
+    cid, rid, turns = rec["conversation_id"], rec["id"], rec["turns"]
+    return (isinstance(cid, str) and _CONVERSATION_ID.fullmatch(cid) is not None and isinstance(rid, str)
+            and re.fullmatch(re.escape(cid) + r"-[1-9][0-9]*", rid) is not None and isinstance(turns, list)
+            and all(isinstance(t, str) for t in turns) and isinstance(rec["emotion"], str)
+            and isinstance(rec["reply"], str))
+
+
+def saved_ids(path: Path) -> set[str]:
+    """The record ids of the transcript at ``path``: none when it is missing or empty. Anything else (a
+    link, a folder, a file with any line that is not a transcript record) is a ``TranscriptError``."""
+    from trace_dspy.core.files import FileCheckError, read_bytes
+    from trace_dspy.core.jsonl import MAX_RECORDS_BYTES
+    from trace_dspy.core.safety import JSONLimitError, load_json
+
+    if path.is_symlink():
+        raise TranscriptError(f"{path} is a symbolic link; it was left as it is. Save to the file it points to, "
+                              "or choose another file")
+    if not path.exists():
+        return set()
+    if not path.is_file():
+        raise TranscriptError(f"{path} is not a regular file; choose another file")
+    try:  # checked and bounded: a FIFO or a device put there since the checks above is refused, not read
+        data = read_bytes(path, max_bytes=MAX_RECORDS_BYTES, links=False)
+    except FileCheckError as exc:
+        raise TranscriptError(f"{exc}; it was left as it is") from None
+    ids = set()
+    for n, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = load_json(raw, f"{path}:{n}")
+        except JSONLimitError:
+            rec = None
+        if not is_transcript_record(rec):
+            raise TranscriptError(f"{path} exists and is not a chat transcript (line {n} is not one of its "
+                                  "records); it was left as it is. Choose another file, or move that file away")
+        ids.add(rec["id"])
+    return ids
 
 
 @dataclass
@@ -68,7 +123,26 @@ class ChatSession:
         return out
 
     def save(self, path: str | Path) -> Path:
+        """Add the conversation's exchanges to the transcript at ``path``, which must be missing, empty, or a
+        transcript that this command saved (``TranscriptError`` otherwise, the file left as it is).
+
+        Nothing in the file is lost: its lines stay as they are (other conversations, an earlier save of
+        this one, corrected emotions), and only the exchanges it does not hold yet are added, so saving
+        again after more turns, or after ``/reset``, keeps everything. The file is replaced atomically,
+        under the lock that every writer of an output takes (:func:`~trace_dspy.core.locks.output_lock`).
+        """
+        from trace_dspy.core.jsonl import ForeignFileError
+        from trace_dspy.core.locks import OutputLockError, output_lock
+
         path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_lines(path, self.records())
+        try:
+            with output_lock(path):
+                held = saved_ids(path)
+                new = [rec for rec in self.records() if rec["id"] not in held]
+                if not path.exists():
+                    atomic_write_lines(path, new)
+                elif new:
+                    atomic_add_records(path, new)
+        except (OutputLockError, ForeignFileError) as exc:
+            raise TranscriptError(str(exc)) from None
         return path
