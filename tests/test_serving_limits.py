@@ -296,8 +296,8 @@ def test_respond_on_spark_refuses_an_edited_model_and_runs_none_of_its_code(regi
 
 
 def test_the_project_serves_registered_models_with_the_installed_code(registered, tmp_path, monkeypatch):
-    """Even a model with no recorded digests (logged before they were recorded) runs this installation's
-    code file on the project's paths: only its artifact folder is taken from the store."""
+    """Even a model with no recorded digests (logged before they were recorded), taken unchecked on request,
+    runs this installation's code file on the project's paths: only its artifact folder is taken from the store."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -311,7 +311,7 @@ def test_the_project_serves_registered_models_with_the_installed_code(registered
     client.delete_logged_model_tag(mv.source[len("models:/"):], DIGEST_TAG)
     marker = tmp_path / "MARKER"
     _edits(marker)[0][1](_stored_model_dir(tmp_path))
-    local = Path(model_uri_for("champion", workdir=tmp_path / "work"))
+    local = Path(model_uri_for("champion", workdir=tmp_path / "work", allow_unverified=True))
     assert local.is_dir() and (local / "pyfunc_model.py").read_bytes() == CODE_FILE.read_bytes()
     monkeypatch.setenv("TRACE_DSPY_LM", "openai/fake")
     out = mlflow.pyfunc.load_model(str(local)).predict(pd.DataFrame({"dialogue": ["I lost my ring at the beach."]}))

@@ -12,7 +12,7 @@ __all__ = ["ProgramConfig", "TraceProgram", "__version__", "load"]
 
 
 def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str | None = None,
-         attach_lms: bool = True, trust_lm: bool = False):
+         attach_lms: bool = True, trust_lm: bool = False, allow_unverified: bool = False):
     """Load a compiled program, ready to call.
 
     Args:
@@ -30,6 +30,9 @@ def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str
         attach_lms: False leaves every stage on the LM in ``dspy.settings``.
         trust_lm: use an endpoint or key variable the artifact records. Without it (or ``lm_config``), such
             an artifact is refused with an ``ArtifactError``: endpoints and keys come from you.
+        allow_unverified: load a ``champion``, ``models:/`` or ``runs:/`` reference whose files have no
+            sha256 record in the store, unchecked, with a warning on stderr. Without it such a reference is
+            refused with an ``ArtifactError``; a file that differs from its record is refused either way.
 
     Returns:
         A ``TraceProgram``; call it with ``dialogue=...``.
@@ -44,6 +47,7 @@ def load(ref: str | None = None, *, lm_config=None, root=None, tracking_uri: str
     if ref is None:
         ref = default_reference()
     settings = Settings(lm_explicit=lm_config is not None, trust_artifact_lm=trust_lm,
+                        allow_unverified_model=allow_unverified,
                         **({"lm": lm_config} if lm_config is not None else {}))
     return load_for_run(ref, settings, tracking_uri=tracking_uri, root=root, attach_lms=attach_lms,
                         announce_seed=False, stage_lms_default=lm_config is None).program

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_dspy.core.config import ConfigError, ProgramConfig, check_tables, read_toml
+from trace_dspy.core.console import clear_status_line, escape_logs_and_warnings, out, say, status_line
 from trace_dspy.core.stages import REGISTRY
 from trace_dspy.lm.specs import LMConfig, offline_litellm
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
@@ -37,6 +38,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trust-artifact-lm", action="store_true",
                        help="use the endpoint (api_base) and key variable that a loaded artifact records; "
                             "without it, such an artifact is refused and you name the endpoint yourself")
+    group.add_argument("--allow-unverified-model", action="store_true",
+                       help="load a champion, models:/ or runs:/ program whose files have no sha256 record in "
+                            "the store (deleted, or logged before records were kept), unchecked, with a warning; "
+                            "without it, such a program is refused")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -56,7 +61,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     explicit = "lm" in raw or any(getattr(args, k, None) for k in (
         "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"))
     return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None), lm_explicit=explicit,
-                    trust_artifact_lm=bool(getattr(args, "trust_artifact_lm", False)), timeout=timeout)
+                    trust_artifact_lm=bool(getattr(args, "trust_artifact_lm", False)), timeout=timeout,
+                    allow_unverified_model=bool(getattr(args, "allow_unverified_model", False)))
 
 
 def add_trace_arg(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +81,9 @@ def enter_tracing(stack: contextlib.ExitStack, args: argparse.Namespace, setting
     try:
         stack.enter_context(traced(trace_requested(args, settings)))
     except Exception as exc:  # noqa: BLE001 - an unusable tracking store
-        return fail(f"--trace: the tracking store is not usable: {type(exc).__name__}: {exc}")
+        from trace_dspy.store.tracking import error_line
+
+        return fail(f"--trace: the tracking store is not usable: {error_line(exc)}")
     return None
 
 
@@ -101,7 +109,7 @@ def traced(enabled: bool):
             flush_traces()
             trace_id = spans.last_trace_id()
             last = f" (the last one here: {trace_id})" if trace_id else ""
-            print(f"traces are in the MLflow experiment {DEFAULT_EXPERIMENT}{last}", file=sys.stderr)
+            say(f"traces are in the MLflow experiment {DEFAULT_EXPERIMENT}{last}")
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -134,6 +142,7 @@ def setup_logging(verbose: bool = False) -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     offline_litellm()
     bars_only_on_terminals()
+    escape_logs_and_warnings()  # log lines and warnings show control characters as escapes
 
 
 def _drop_truncation_warnings(record: logging.LogRecord) -> bool:
@@ -221,6 +230,11 @@ def output_dir(text: str) -> Path:
     blocking = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise argparse.ArgumentTypeError(f"{text}: {blocking} is a file, so no folder can be made there")
+    from trace_dspy.workflows.preflight import folder_problem
+
+    problem = folder_problem(path)  # a folder, or its nearest existing parent, that cannot be written
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text} {problem}")
     return path
 
 
@@ -236,9 +250,9 @@ def command_line(module: str, argv: list[str]) -> str:
 
 def fail(message: str, code: int = 2) -> int:
     """Print one ``error:`` line (credentials masked, control characters escaped); return the exit code."""
-    from trace_dspy.core.safety import redact, terminal_safe
+    from trace_dspy.core.safety import redact
 
-    print(f"error: {terminal_safe(redact(message))}", file=sys.stderr)
+    say(f"error: {redact(message)}")
     return code
 
 
@@ -260,15 +274,13 @@ class TerminalStatus:
     def show(self, text: str) -> None:
         # The same words again (a reply written for a second plan, a further candidate) leave the line as it is.
         if self.enabled and not (self.shown and text == self.text):
-            self.stream.write("\r\033[K" + text)
-            self.stream.flush()
+            status_line(text, self.stream)
             self.shown = True
             self.text = text
 
     def clear(self) -> None:
         if self.shown:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+            clear_status_line(self.stream)
             self.shown = False
             self.text = None
 
@@ -349,11 +361,11 @@ def refit_main(argv: list[str], parser: argparse.ArgumentParser, module: str, re
 def print_refit(refit) -> int:
     """Print a head's refit (a ``workflows.fits.Refit``): its table, then where the weights went or, for
     ``--check``, whether the table matches the recorded one; returns the exit code (1: it differs)."""
-    print(refit.text)
+    out(refit.text)
     if refit.matches is None:
-        print(f"weights: {refit.output}")
+        out(f"weights: {refit.output}")
         return 0
-    print(("matches " if refit.matches else "DIFFERS from ") + str(refit.output))
+    out(("matches " if refit.matches else "DIFFERS from ") + str(refit.output))
     return 0 if refit.matches else 1
 
 
@@ -387,6 +399,14 @@ def run_embedded_command(argv: list[str], prog: str, description: str) -> int:
     add_embedded_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
+    from trace_dspy.core import env
+    from trace_dspy.workflows.preflight import PreflightError, check_environment, check_output_file
+
+    try:  # before the model loads and the measuring starts
+        check_environment(env.CACHE)
+        check_output_file(args.output, "--output")
+    except PreflightError as exc:
+        return fail(str(exc))
     options = EmbeddedOptions(**vars(args), command="python -m trace_dspy.bench_local " + " ".join(argv))
-    print(run_embedded(options))
+    out(run_embedded(options))
     return 0

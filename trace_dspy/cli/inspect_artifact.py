@@ -23,6 +23,7 @@ import json
 import sys
 from typing import Any
 
+from trace_dspy.core.console import out, out_json
 from trace_dspy.store.errors import ArtifactError
 from trace_dspy.store.inspection import (
     SCORE_KEYS,
@@ -194,28 +195,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--artifacts-dir", help="where NAME@vN is looked up (default: $TRACE_DSPY_ARTIFACTS, "
                                                 "else ./artifacts, then the checkout's)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI for champion/models:/runs:/ references")
+    parser.add_argument("--allow-unverified-model", action="store_true",
+                        help="show a champion/models:/runs:/ reference whose files have no sha256 record in the "
+                             "store, unchecked, with a warning (without it, such a reference is refused)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trace_dspy.cli.common import fail, setup_logging
+
     args = build_parser().parse_args(argv)
     if len(args.refs) > 2:
-        print("error: give one reference to show, or two to diff", file=sys.stderr)
-        return 2
-    from trace_dspy.cli.common import setup_logging
-
+        return fail("give one reference to show, or two to diff")
     setup_logging(False)
     try:
-        arts = [open_artifact(ref, root=args.artifacts_dir, tracking_uri=args.tracking_uri) for ref in args.refs]
+        arts = [open_artifact(ref, root=args.artifacts_dir, tracking_uri=args.tracking_uri,
+                              allow_unverified=args.allow_unverified_model) for ref in args.refs]
     except ArtifactError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if len(arts) == 1:
-        text = json.dumps(summary(arts[0]), indent=2, ensure_ascii=False) if args.json else render_summary(arts[0])
-    else:
-        text = json.dumps(diff(*arts), indent=2, ensure_ascii=False) if args.json else render_diff(*arts)
+        return fail(str(exc))
     try:
-        print(text)
+        if args.json:
+            out_json(summary(arts[0]) if len(arts) == 1 else diff(*arts), indent=2)
+        else:
+            out(render_summary(arts[0]) if len(arts) == 1 else render_diff(*arts))
     except BrokenPipeError:  # e.g. piped into head
         sys.stderr.close()
     return 0

@@ -41,6 +41,7 @@ from trace_dspy.workflows.batch import (
     format_stages,
     respond_batch,
 )
+from trace_dspy.workflows.preflight import PreflightError, check_environment, check_output_file, check_tracking_store
 
 # Exit code of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
 INTERRUPTED = 130
@@ -98,6 +99,13 @@ def _run(args: argparse.Namespace) -> int:
         return fail("--threads must be at least 1")
     if args.input and not args.input.is_file():
         return fail(f"no such input file: {args.input}")
+    try:  # the settings read and the file written, before anything is loaded
+        check_environment(env_vars.CACHE)
+        if args.trace:
+            check_tracking_store(None)
+        check_output_file(args.output, "--output", make_parent=True)
+    except PreflightError as exc:
+        return fail(str(exc))
     if args.input:
         try:
             check_batch_paths(args.input, args.output)

@@ -113,7 +113,7 @@ def package_versions() -> dict[str, str]:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+    with open(path, "w", encoding="utf-8") as fh:  # file-audit: writes a new file in a private temporary folder
         json.dump(data, fh, indent=2, ensure_ascii=False)
         fh.write("\n")
         fh.flush()
@@ -175,6 +175,8 @@ def write_artifact(
     """
     from dataclasses import replace
 
+    from trace_dspy.core.files import read_bytes
+
     manifest = _as_manifest(manifest, name)
     folder = artifacts_root(root) / check_name(name)
     folder.mkdir(parents=True, exist_ok=True)
@@ -183,12 +185,14 @@ def write_artifact(
     tmp.mkdir()
     try:
         program.save(str(tmp / "program.json"))
-        state = json.loads((tmp / "program.json").read_text())
+        state = json.loads(read_bytes(tmp / "program.json", max_bytes=MAX_STATE_BYTES, root=tmp))
         if parts is not None:
             manifest = replace(manifest, parts={**manifest.parts, **parts.save(tmp, program.config)})
         for name_, src in (extra_files or {}).items():
+            # file-audit: copies a file the calling workflow just wrote (compile's dev rows) into the new version
             shutil.copyfile(src, tmp / name_)
         for name_, src in (extra_dirs or {}).items():
+            # file-audit: copies a folder the calling workflow just wrote into the new version
             shutil.copytree(src, tmp / name_)
         manifest = replace(manifest, name=name, git_commit=git_commit(), packages=package_versions(),
                            predictors=tuple(sorted(k for k in state if k != "metadata")))
@@ -362,7 +366,21 @@ def read_artifact(folder: Path) -> StoredArtifact:
     except PartError as exc:
         raise (ArtifactError(exc.file, exc.field, exc.reason) if exc.reason is not None
                else ArtifactError(str(exc))) from None
+    _warn_on_unknown_parts(manifest, folder)
     return StoredArtifact(folder, manifest, config, state, parts)
+
+
+def _warn_on_unknown_parts(manifest: Manifest, folder: Path) -> None:
+    """One warning line naming the manifest's tables that no registered kind of part reads: parts that a newer
+    trace-dspy fitted and this one leaves out (the program runs without them)."""
+    from trace_dspy.core.console import say
+    from trace_dspy.program.parts import part_names
+
+    unknown = sorted(name for name, value in manifest.extra.items() if isinstance(value, dict))
+    if unknown:
+        named = ", ".join(f"{name!r} (kind {name}: not registered)" for name in unknown)
+        say(f"warning: {folder / 'manifest.json'}: ignoring fitted part(s) {named}; this trace-dspy knows the "
+            f"kinds {', '.join(part_names())}, so the program runs without them (a newer trace-dspy wrote them?)")
 
 
 def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
@@ -399,11 +417,13 @@ def resolve_local(ref: str, root: str | os.PathLike | None = None) -> Path:
     )
 
 
-def locate(ref: str, *, root: str | os.PathLike | None = None, tracking_uri: str | None = None) -> Path:
+def locate(ref: str, *, root: str | os.PathLike | None = None, tracking_uri: str | None = None,
+           allow_unverified: bool = False) -> Path:
     """The artifact folder of any load reference: a folder or program.json, ``NAME@vN``, ``NAME@latest``,
-    ``champion``, ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` or ``runs:/RUN_ID`` (fetched from MLflow)."""
+    ``champion``, ``models:/NAME/VERSION``, ``models:/NAME@ALIAS`` or ``runs:/RUN_ID`` (fetched from MLflow;
+    ``allow_unverified``: see :func:`trace_dspy.store.registry.fetch_artifact`)."""
     if ref == "champion" or ref.startswith(("models:/", "runs:/")):
         from trace_dspy.store.registry import fetch_artifact
 
-        return fetch_artifact(ref, tracking_uri=tracking_uri)
+        return fetch_artifact(ref, tracking_uri=tracking_uri, allow_unverified=allow_unverified)
     return resolve_local(ref, root)

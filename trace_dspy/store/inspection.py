@@ -54,9 +54,10 @@ def _pipeline_order(names) -> list[str]:
     return sorted(names, key=lambda n: (order.get(n, len(order)), n))
 
 
-def open_artifact(ref: str, *, root: str | None = None, tracking_uri: str | None = None) -> Artifact:
+def open_artifact(ref: str, *, root: str | None = None, tracking_uri: str | None = None,
+                  allow_unverified: bool = False) -> Artifact:
     """Find an artifact by any load reference and read its two JSON files."""
-    folder = locate(ref, root=root, tracking_uri=tracking_uri)
+    folder = locate(ref, root=root, tracking_uri=tracking_uri, allow_unverified=allow_unverified)
     manifest = read_manifest(folder)
     state = read_program_state(folder)
     return Artifact(ref, folder, manifest, state)

@@ -16,9 +16,15 @@ MLflow's own loaders (``mlflow.pyfunc.load_model``, ``mlflow models serve``,
 ``spark_udf``) run the model's logged code file, so a model whose files were
 edited in the store runs the edited code. When a model is logged, the sha256 of
 each of its files is recorded in the store (the logged model's and the version's
-tag ``trace_dspy.files_sha256``); :func:`fetch_artifact`, which every loader of
-this project goes through, checks the downloaded files against it and refuses a
-model with a changed, missing or added file, naming it.
+tag ``trace_dspy.files_sha256``), and so are those of the artifact folder a
+compile logs to its run (the run's tag of the same name). :func:`fetch_artifact`,
+which every loader of this project goes through, checks the downloaded files
+against it and refuses a model with a changed, missing or added file, naming it.
+Everything it loads has this project's layout (a ``manifest.json``), so a
+reference without a record is refused too (the record was deleted, or was never
+kept): ``allow_unverified`` (``--allow-unverified-model``) loads it unchecked,
+with a warning. The record sits in the same store as the files: it catches
+damage and edits of the files alone, not someone who can rewrite the tags too.
 """
 
 from __future__ import annotations
@@ -40,11 +46,17 @@ ARTIFACT_SUBDIR = "artifact"
 DIGEST_TAG = "trace_dspy.files_sha256"
 # MLflow's longest tag value on a logged model; a longer record keeps one digest of the whole tree.
 _MAX_TAG = 8000
+# The largest file a model's folder may hold (its readers allow at most 512 MiB for any one file).
+MAX_FILE_BYTES = 1024 * 1024 * 1024
 
 
 def file_digests(root: Path) -> dict[str, str]:
     """``{relative path: sha256}`` of every file under ``root``; a symbolic link or other non-file is
-    recorded by kind, so that one replacing a file is a change too."""
+    recorded by kind, so that one replacing a file is a change too. Each file is read through
+    :func:`~trace_dspy.core.files.hash_file` (a regular file inside ``root``, at most ``MAX_FILE_BYTES``);
+    one that is not is an ArtifactError naming it."""
+    from trace_dspy.core.files import FileCheckError, hash_file
+
     digests: dict[str, str] = {}
     for path in sorted(Path(root).rglob("*")):
         rel = path.relative_to(root).as_posix()
@@ -52,9 +64,10 @@ def file_digests(root: Path) -> dict[str, str]:
             digests[rel] = "symlink"
         elif path.is_file():
             h = hashlib.sha256()
-            with open(path, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
+            try:
+                hash_file(h, path, max_bytes=MAX_FILE_BYTES, root=root)
+            except FileCheckError as exc:
+                raise ArtifactError(f"{exc}; the model's files cannot be checked") from None
             digests[rel] = h.hexdigest()
         elif not path.is_dir():
             digests[rel] = "special"
@@ -99,7 +112,8 @@ def verify_files(root: Path, record: str, ref: str) -> None:
 
 
 def recorded_digests(client, *, model_version=None, model_id: str | None = None) -> str | None:
-    """The digest record of a registry version (its own tag, else its logged model's), or of a logged model."""
+    """The digest record of a registry version (its own tag, else its logged model's; for a version whose
+    source is its run's artifact folder, the run's), or of a logged model; None when there is none."""
     if model_version is not None:
         record = (model_version.tags or {}).get(DIGEST_TAG)
         if record:
@@ -108,6 +122,9 @@ def recorded_digests(client, *, model_version=None, model_id: str | None = None)
         source = str(getattr(model_version, "source", "") or "")
         if not model_id and re.fullmatch(r"models:/m-[0-9a-f]+", source):
             model_id = source[len("models:/"):]
+        run_id = getattr(model_version, "run_id", None)
+        if not model_id and run_id and source.rstrip("/").endswith(f"/{ARTIFACT_SUBDIR}"):
+            return _run_record(client, run_id)
     if not model_id:
         return None
     from mlflow.exceptions import MlflowException
@@ -116,6 +133,46 @@ def recorded_digests(client, *, model_version=None, model_id: str | None = None)
         return (client.get_logged_model(model_id).tags or {}).get(DIGEST_TAG)
     except MlflowException:
         return None
+
+
+def _run_record(client, run_id: str) -> str | None:
+    """The digest record of the artifact folder a compile logged to run ``run_id`` (its run tag)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return (client.get_run(run_id).data.tags or {}).get(DIGEST_TAG)
+    except MlflowException:
+        return None
+
+
+def _run_model_record(client, run_id: str, name: str) -> str | None:
+    """The digest record of the model named ``name`` that run ``run_id`` logged (as MLflow resolves
+    ``runs:/RUN_ID/NAME``); None when there is no such model or it has no record."""
+    from mlflow.exceptions import MlflowException
+
+    if not re.fullmatch(r"[\w.-]+", name):
+        return None
+    try:
+        experiment_id, token = client.get_run(run_id).info.experiment_id, None
+        while True:  # the same search MLflow's download makes (one model of each name per compile run)
+            page = client.search_logged_models(experiment_ids=[experiment_id], filter_string=f"name = '{name}'",
+                                               page_token=token)
+            found = next((m for m in page if m.source_run_id == run_id), None)
+            if found is not None:
+                return (found.tags or {}).get(DIGEST_TAG)
+            if not page.token:
+                return None
+            token = page.token
+    except MlflowException:
+        return None
+
+
+def record_run_files(folder: Path) -> None:
+    """Record the sha256 of the artifact folder just logged to the active run (``artifact/``) as the run's
+    tag ``trace_dspy.files_sha256``: a ``runs:/RUN_ID`` load checks the files against it."""
+    import mlflow
+
+    mlflow.set_tag(DIGEST_TAG, digest_record(Path(folder)))
 
 
 def _client(tracking_uri: str | None):
@@ -216,44 +273,21 @@ def promote_if_better(version: int, score: float, *, model: str = DEFAULT_MODEL,
     return True
 
 
-def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str | Path | None = None) -> Path:
-    """Download the artifact folder that a registry or run reference names.
+def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str | Path | None = None,
+                   allow_unverified: bool = False) -> Path:
+    """Download the artifact folder that a registry or run reference names, after checking its files.
 
-    ``champion``; ``models:/NAME/VERSION``; ``models:/NAME@ALIAS``; ``runs:/RUN_ID``
-    (its ``artifact/`` folder) or ``runs:/RUN_ID/PATH``.
+    ``champion``; ``models:/NAME/VERSION``; ``models:/NAME@ALIAS``; ``models:/m-ID`` (a logged model);
+    ``runs:/RUN_ID`` (its ``artifact/`` folder) or ``runs:/RUN_ID/PATH``. The files are checked against the
+    sha256 recorded when they were logged (:func:`verify_files`). A reference without such a record is
+    refused, unless ``allow_unverified``: then it loads unchecked, with a warning on stderr naming it.
     """
     import mlflow
     from mlflow.exceptions import MlflowException
 
     client = _client(tracking_uri)
-    record = None
     try:
-        if ref == CHAMPION:
-            mv = client.get_model_version_by_alias(DEFAULT_MODEL, CHAMPION)
-            uri, record = mv.source, recorded_digests(client, model_version=mv)
-        elif ref.startswith("models:/"):
-            body = ref[len("models:/"):]
-            if "@" in body:
-                name, alias = body.split("@", 1)
-                mv = client.get_model_version_by_alias(name, alias)
-            elif re.fullmatch(r"[^/]+/\d+", body):
-                name, number = body.rsplit("/", 1)
-                mv = client.get_model_version(name, number)
-            elif re.fullmatch(r"m-[0-9a-f]+", body):  # a logged model by its id
-                mv = None
-                client.get_logged_model(body)
-            else:
-                raise ArtifactError(f"{ref!r}: use models:/NAME/VERSION or models:/NAME@ALIAS")
-            uri = mv.source if mv is not None else ref
-            record = recorded_digests(client, model_version=mv) if mv is not None else \
-                recorded_digests(client, model_id=body)
-        elif ref.startswith("runs:/"):
-            body = ref[len("runs:/"):].strip("/")
-            if not body:
-                raise ArtifactError("runs:/ needs a run id")
-            uri = f"runs:/{body}" if "/" in body else f"runs:/{body}/{ARTIFACT_SUBDIR}"
-        else:
-            raise ArtifactError(f"not a registry reference: {ref!r}")
+        uri, record, where = _source_and_record(client, ref)
         dst = Path(cache_dir) if cache_dir else None
         if dst is not None:
             dst.mkdir(parents=True, exist_ok=True)
@@ -267,7 +301,59 @@ def fetch_artifact(ref: str, *, tracking_uri: str | None = None, cache_dir: str 
     found = artifact_folder_in(Path(local))
     if found is None:
         raise ArtifactError(f"{ref!r} holds no trace-dspy artifact (no manifest.json in {local})")
+    if not record:
+        _unverified(ref, where, allow_unverified)
     return found
+
+
+def _source_and_record(client, ref: str) -> tuple[str, str | None, str]:
+    """(the URI to download, the digest record of its files or None, where that record is kept)."""
+    if ref == CHAMPION:
+        mv = client.get_model_version_by_alias(DEFAULT_MODEL, CHAMPION)
+        return mv.source, recorded_digests(client, model_version=mv), _VERSION_RECORD
+    if ref.startswith("models:/"):
+        body = ref[len("models:/"):]
+        if re.fullmatch(r"m-[0-9a-f]+", body):  # a logged model by its id
+            client.get_logged_model(body)
+            return ref, recorded_digests(client, model_id=body), "the logged model's tag"
+        if "@" in body:
+            name, alias = body.split("@", 1)
+            mv = client.get_model_version_by_alias(name, alias)
+        elif re.fullmatch(r"[^/]+/\d+", body):
+            name, number = body.rsplit("/", 1)
+            mv = client.get_model_version(name, number)
+        else:
+            raise ArtifactError(f"{ref!r}: use models:/NAME/VERSION or models:/NAME@ALIAS")
+        return mv.source, recorded_digests(client, model_version=mv), _VERSION_RECORD
+    if ref.startswith("runs:/"):
+        body = ref[len("runs:/"):].strip("/")
+        if not body:
+            raise ArtifactError("runs:/ needs a run id")
+        run_id, _, path = body.partition("/")
+        path = path.strip("/") or ARTIFACT_SUBDIR
+        if path == ARTIFACT_SUBDIR:  # None for an unknown run too: the download then names it
+            return f"runs:/{run_id}/{path}", _run_record(client, run_id), "the run's tag"
+        # MLflow reads runs:/RUN_ID/NAME as the run's logged model NAME; any other path has no record.
+        return (f"runs:/{run_id}/{path}", _run_model_record(client, run_id, path),
+                f"the run's logged model {path!r} (the run's own tag covers its {ARTIFACT_SUBDIR}/ folder only)")
+    raise ArtifactError(f"not a registry reference: {ref!r}")
+
+
+_VERSION_RECORD = "the registry version's tag or its logged model's"
+UNVERIFIED_FLAG = "--allow-unverified-model"
+
+
+def _unverified(ref: str, where: str, allowed: bool) -> None:
+    """A reference whose files have no digest record: refused (ArtifactError), or, when ``allowed``, a
+    warning on stderr that names what was loaded unchecked."""
+    from trace_dspy.core.console import say
+
+    what = (f"{ref}: the digest record of its files is missing ({DIGEST_TAG}, kept on {where}): it was deleted, "
+            "or the model was logged before records were kept")
+    if not allowed:
+        raise ArtifactError(f"{what}; its files cannot be checked, so refusing to load it ({UNVERIFIED_FLAG}, "
+                            "or allow_unverified=True in Python, loads it unchecked)")
+    say(f"warning: {what}; loading it with its files NOT verified ({UNVERIFIED_FLAG})")
 
 
 def artifact_folder_in(folder: Path) -> Path | None:

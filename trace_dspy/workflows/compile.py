@@ -268,7 +268,9 @@ def _compare_with_champion(cfg: CompileConfig, prep: _Prepared, score: float, tm
         with heartbeat("champion") as phase:
             phase.note(f"loading version {current['version']}")
             loaded = load_for_run(f"models:/{cfg.registered_model}/{current['version']}",
-                                  Settings(lm=cfg.settings.lm, lm_explicit=True), tracking_uri=cfg.tracking_uri)
+                                  Settings(lm=cfg.settings.lm, lm_explicit=True,
+                                           allow_unverified_model=cfg.settings.allow_unverified_model),
+                                  tracking_uri=cfg.tracking_uri)
             phase.note(f"scoring version {current['version']}")
             theirs = _evaluate(cfg, prep, loaded.program, tmp / "dev_champion.jsonl", "dev champion", trace=False)
     except (ArtifactError, FailureRateExceeded) as exc:
@@ -439,6 +441,7 @@ def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict):
         log_params,
         numeric_metrics,
     )
+    from trace_dspy.store.registry import ARTIFACT_SUBDIR, record_run_files
     from trace_dspy.workflows.serving import log_program_model
 
     log_params(cfg.record())
@@ -447,5 +450,6 @@ def _log_run(cfg: CompileConfig, folder: Path, before: dict, after: dict):
         if key in before and key in after:
             metrics[f"dev_delta/{key}"] = after[key] - before[key]
     log_metrics(metrics)
-    log_artifacts(folder, artifact_path="artifact")
+    log_artifacts(folder, artifact_path=ARTIFACT_SUBDIR)
+    record_run_files(folder)  # the sha256 a runs:/RUN_ID load checks the logged folder against
     return log_program_model(folder)

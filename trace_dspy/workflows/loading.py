@@ -17,6 +17,7 @@ from typing import Any
 import dspy
 
 from trace_dspy.core.config import ProgramConfig
+from trace_dspy.core.console import say
 from trace_dspy.lm.specs import LMConfig, LMSet
 from trace_dspy.program.parts import FittedParts
 from trace_dspy.store.artifacts import check_lm_trust, load_state, locate, read_artifact
@@ -61,14 +62,15 @@ def build_program(config: ProgramConfig, state: dict[str, Any] | None, *, parts:
 
 def _load_artifact(ref: str, *, lm_config: LMConfig | None = None, root: str | os.PathLike | None = None,
                   tracking_uri: str | None = None, attach_lms: bool = True, trust_lm: bool = False,
-                  timeout: float | None = None, stage_lms_default: bool = False) -> LoadedProgram:
+                  timeout: float | None = None, stage_lms_default: bool = False,
+                  allow_unverified: bool = False) -> LoadedProgram:
     """A compiled program from any reference (see ``trace_dspy.load``), built with its parts and LMs.
 
     The LM config recorded in the manifest is used only when ``lm_config`` is
     None, and then only if it names no endpoint and no key variable, unless
     ``trust_lm``. With ``attach_lms=False`` the stages use ``dspy.settings``.
     """
-    folder = locate(ref, root=root, tracking_uri=tracking_uri)
+    folder = locate(ref, root=root, tracking_uri=tracking_uri, allow_unverified=allow_unverified)
     stored = read_artifact(folder)
     recorded = stored.manifest.lm_config()
     if lm_config is None and not trust_lm:
@@ -102,8 +104,6 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
     None, with a note on stderr, when the prior is off or cannot be had; the emotion stage then decides
     alone, and its ``emotion_path`` output says so. Fitting happens once per data set, then it is cached.
     """
-    import sys
-
     from trace_dspy.data.situations import resolve_situations
     from trace_dspy.data.sources import DataSource, resolve_source
     from trace_dspy.program.emotion_prior import MIN_TRAIN, cached_prior_path
@@ -116,11 +116,10 @@ def default_prior(config: ProgramConfig, data=None, *, seed: int = 0):
     fresh = len(source.pool) >= MIN_TRAIN and not cached_prior_path(source, situations=situations,
                                                                      seed=seed).is_file()
     if fresh:
-        print(f"emotion prior: fitting on the {len(source.pool)}-sample pool (once per data set, then cached)",
-              file=sys.stderr)
+        say(f"emotion prior: fitting on the {len(source.pool)}-sample pool (once per data set, then cached)")
     choice = choose_prior(source, situations=situations, seed=seed, prior_k=config.prior_k)
     if fresh or choice.prior is None:
-        print(choice.summary(), file=sys.stderr)
+        say(choice.summary())
     return choice.prior
 
 
@@ -152,10 +151,20 @@ def default_reference() -> str:
             except ArtifactError:
                 continue  # a damaged folder is not a default; loading it by name says what is wrong
             if not_worse_than_uncompiled(manifest.dev_score("dev_before"), manifest.dev_score("dev_after")):
+                _note_local_default(manifest.label, folder)
                 return f"{DEFAULT_NAME}@v{number}" if root == roots[0] else str(folder)
     from trace_dspy.store.shipped import packaged_default
 
     return packaged_default() or "default"  # an installed wheel carries the default as package data
+
+
+def _note_local_default(label: str, folder: Path) -> None:
+    """Say which program runs when the default is found outside the checkout's own artifacts (whose default is
+    the one the package ships): a ``./artifacts`` in the working directory, or ``$TRACE_DSPY_ARTIFACTS``."""
+    from trace_dspy.store.artifacts import CHECKOUT_ROOT
+
+    if not folder.resolve().is_relative_to(CHECKOUT_ROOT.resolve()):
+        say(f"using {label} from {folder} (not the packaged default; --program names another)")
 
 
 def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:
@@ -180,7 +189,8 @@ def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, 
             ``models:/...`` or ``runs:/...``; None: :func:`default_reference`.
         settings: the command's ``Settings``. Models chosen on the command line (or in an [lm] table,
             ``settings.lm_explicit``) win over the ones an artifact records; ``settings.trust_artifact_lm``
-            allows a recorded endpoint or key variable; ``settings.timeout`` applies to recorded LMs too.
+            allows a recorded endpoint or key variable; ``settings.timeout`` applies to recorded LMs too;
+            ``settings.allow_unverified_model`` loads a registry or run reference without a digest record.
         data, seed: the data source the uncompiled program retrieves exemplars from and fits its prior on.
         root: where ``NAME@vN`` is looked up. attach_lms: False leaves the stages on ``dspy.settings``.
         stage_lms_default: the attached LMs give way to an LM configured in ``dspy.settings``.
@@ -213,7 +223,8 @@ def _load_program(ref, settings, *, tracking_uri, data, seed, announce_seed, roo
         _note_unused_data(ref, data, seed=seed)
     return _load_artifact(ref, lm_config=settings.lm if settings.lm_explicit else None, root=root,
                           tracking_uri=tracking_uri, attach_lms=attach_lms, trust_lm=settings.trust_artifact_lm,
-                          timeout=settings.timeout, stage_lms_default=stage_lms_default)
+                          timeout=settings.timeout, stage_lms_default=stage_lms_default,
+                          allow_unverified=settings.allow_unverified_model)
 
 
 def _note_unused_data(ref: str, data, *, seed: int) -> None:
@@ -223,12 +234,10 @@ def _note_unused_data(ref: str, data, *, seed: int) -> None:
     ``--data`` only changes the uncompiled program. A source that is already
     loaded (evaluate's test data) is used by the caller and needs no note.
     """
-    import sys
-
     from trace_dspy.data.sources import DataSource, resolve_source
 
     if isinstance(data, DataSource):
         return
     resolve_source(data, seed=seed, announce_seed=False)  # raises the data error (missing path, bad line)
-    print(f"note: {ref} retrieves exemplars from the index saved in it; the data source {data} is not used "
-          "(--program default retrieves from it)", file=sys.stderr)
+    say(f"note: {ref} retrieves exemplars from the index saved in it; the data source {data} is not used "
+        "(--program default retrieves from it)")

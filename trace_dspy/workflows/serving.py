@@ -447,19 +447,21 @@ def save_program_model(folder: str | os.PathLike, path: str | os.PathLike) -> Pa
     return Path(path)
 
 
-def export_model(ref: str, path: str | os.PathLike, *, tracking_uri: str | None = None) -> Path:
+def export_model(ref: str, path: str | os.PathLike, *, tracking_uri: str | None = None,
+                 allow_unverified: bool = False) -> Path:
     """A pyfunc model directory at ``path`` for a registered or logged model (``champion``,
     ``models:/NAME/VERSION``, ``models:/NAME@ALIAS``, ``runs:/ID``) that runs the installed trace-dspy code.
 
     The model's files are checked against the digests recorded when it was logged (a changed file is an
-    ArtifactError naming it); only its artifact folder (JSON, the prior, the index) is kept, and the code
-    file is this installation's. ``mlflow models serve -m PATH`` then never runs code from the store."""
+    ArtifactError naming it; one without a record is refused unless ``allow_unverified``); only its
+    artifact folder (JSON, the prior, the index) is kept, and the code file is this installation's.
+    ``mlflow models serve -m PATH`` then never runs code from the store."""
     import tempfile
 
     from trace_dspy.store.registry import fetch_artifact
 
     with tempfile.TemporaryDirectory(prefix="trace-fetch-") as tmp:
-        folder = fetch_artifact(ref, tracking_uri=tracking_uri, cache_dir=tmp)
+        folder = fetch_artifact(ref, tracking_uri=tracking_uri, cache_dir=tmp, allow_unverified=allow_unverified)
         return save_program_model(folder, path)
 
 

@@ -31,6 +31,8 @@ class Settings:
     lm_explicit: bool = False
     # --trust-artifact-lm: use an artifact's recorded endpoint and key variable.
     trust_artifact_lm: bool = False
+    # --allow-unverified-model: load a models:/ or runs:/ reference whose files have no digest record.
+    allow_unverified_model: bool = False
     # --timeout: also applied to the LMs a loaded artifact records.
     timeout: float | None = None
     data: DataConfig = field(init=False)

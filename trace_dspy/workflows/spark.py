@@ -133,18 +133,19 @@ def respond_dataframe(spark, df, model_uri: str | None = None, *, column: str = 
     return out.select(*[F.col(c) for c in df.columns], *[F.col(f"__trace.{c}").alias(c) for c in OUTPUT_COLUMNS])
 
 
-def model_uri_for(ref: str | None, *, workdir: Path) -> str:
+def model_uri_for(ref: str | None, *, workdir: Path, allow_unverified: bool = False) -> str:
     """A pyfunc model directory under ``workdir`` for a program reference, whose code file is the
     installed trace-dspy's: a registry or run reference (``champion``, ``models:/...``, ``runs:/...``)
     contributes only its artifact folder, after its files were checked against the digests recorded when
     it was logged (``fetch_artifact``); a local artifact (``NAME@vN``, ``NAME@latest``, a folder; the
-    default program when ``ref`` is None) is used as it is. The code file logged with a model never runs."""
+    default program when ``ref`` is None) is used as it is. The code file logged with a model never runs.
+    ``allow_unverified``: a registry or run reference without a digest record is used unchecked (else refused)."""
     from trace_dspy.store.artifacts import ArtifactError, resolve_local
     from trace_dspy.workflows.loading import default_reference
     from trace_dspy.workflows.serving import export_model, save_program_model
 
     if ref and (ref == "champion" or ref.startswith(("models:/", "runs:/"))):
-        return str(export_model(ref, workdir / "model"))
+        return str(export_model(ref, workdir / "model", allow_unverified=allow_unverified))
     ref = ref or default_reference()
     if ref == "default":
         raise ArtifactError("the Spark engine runs a compiled artifact or a registered model; there is none yet "
