@@ -44,12 +44,17 @@ from trace_dspy.bench.processes import (
     run_process,
 )
 from trace_dspy.core import env as env_vars
+from trace_dspy.core.console import say
+from trace_dspy.core.files import MiB, TextLines, read_text
+from trace_dspy.core.safety import MAX_LINE_BYTES
 from trace_dspy.core.tables import markdown_table
 
 PHASES = ("cold", "anchor", "contention")
 DSPY_CACHE_VAR = "DSPY_CACHEDIR"  # where DSPy keeps its answer cache on disk
 EVERYDAY = Path(__file__).resolve().parents[2] / "docs" / "bench" / "everyday" / "messages.jsonl"
 ANCHOR_DIALOGUES = 8
+# The messages file and the batch's output it reads back: a few dialogues; far larger is a wrong file.
+MAX_MESSAGES_BYTES = 64 * MiB
 RAW_MAX_TOKENS = 64
 RAW_N_CTX = 4096  # the engine's default context size
 STDERR_TAIL = 2000  # characters of a failed run's stderr that the record keeps
@@ -148,10 +153,11 @@ def cache_state(folder: Path) -> dict[str, Any]:
 
 
 def read_dialogues(path: Path, count: int = ANCHOR_DIALOGUES) -> list[list[str]]:
-    """The first ``count`` dialogues of a JSONL file whose lines hold ``{"turns": [...]}``."""
+    """The first ``count`` dialogues of a JSONL file whose lines hold ``{"turns": [...]}``; the file is read
+    through :class:`~trace_dspy.core.files.TextLines` (a regular file, bounded; a problem is a ValueError)."""
     dialogues: list[list[str]] = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, 1):
+    with TextLines(path, max_bytes=MAX_MESSAGES_BYTES, max_line_bytes=MAX_LINE_BYTES) as lines:
+        for number, line in lines:
             if not line.strip():
                 continue
             try:
@@ -250,7 +256,7 @@ def batch_replies(output: Path, count: int) -> list[Any] | None:
     if not output.is_file():
         return None
     rows = {}
-    for line in output.read_text(encoding="utf-8").splitlines():
+    for line in read_text(output, max_bytes=MAX_MESSAGES_BYTES).splitlines():
         with contextlib.suppress(json.JSONDecodeError):
             row = json.loads(line)
             if isinstance(row, dict):
@@ -277,7 +283,7 @@ class LatencyBench:
                  log: Callable[[str], None] | None = None):
         self.options, self.commands, self.runner = options, commands, runner
         self.on_update = on_update or (lambda result: None)
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.log = log or say
         self.hogs: list[subprocess.Popen] = []  # every competing process started
         self.result: dict[str, Any] = {}
         self.workdir = Path(tempfile.gettempdir())
@@ -375,6 +381,7 @@ class LatencyBench:
         self.warm_user_cache()
         phase["trace_cache"] = cache_state(env_vars.cache_root())
         given = self.workdir / "anchor-input.jsonl"
+        # file-audit: writes the bench's own input file in its work folder
         given.write_text("".join(json.dumps({"id": str(i), "turns": turns}, ensure_ascii=False) + "\n"
                                  for i, turns in enumerate(dialogues, 1)), encoding="utf-8")
         answers = self.workdir / "anchor-output.jsonl"
@@ -391,6 +398,7 @@ class LatencyBench:
         """The anchor's raw side: the embedded model alone, each dialogue once, in one process."""
         chats = [chat_messages(turns) for turns in dialogues]
         path = self.workdir / "anchor-chats.json"
+        # file-audit: writes the chats file the raw-model script reads, in the bench's own work folder
         path.write_text(json.dumps(chats, ensure_ascii=False), encoding="utf-8")
         try:
             settings = self.commands.raw_settings()

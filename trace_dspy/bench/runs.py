@@ -7,7 +7,6 @@ the table) in the output folder.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from trace_dspy.bench.emotion import emotion_markdown, measure_emotion
 from trace_dspy.bench.overhead import measure_overhead, overhead_markdown
 from trace_dspy.bench.records import BENCH_EXPERIMENT, flat_numbers, machine
 from trace_dspy.bench.scorer import measure_scorer, scorer_markdown
-from trace_dspy.core.console import heartbeat, progress
+from trace_dspy.core.console import heartbeat, progress, say
 from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.core.pricing import DEFAULT_INPUT_PRICE, DEFAULT_OUTPUT_PRICE, Pricing
 from trace_dspy.workflows.settings import Settings
@@ -73,6 +72,7 @@ def save_run(where: Where, run: BenchRun, *, log: bool = True) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     record = {"command": where.command, "machine": machine(), "result": run.result}
     atomic_write_json(out_dir / f"{run.name}.json", record)
+    # file-audit: writes the bench's record table beside its JSON record
     (out_dir / f"{run.name}.md").write_text(f"`{record['command']}`\n\n{run.table}\n", encoding="utf-8")
     if log and where.mlflow:
         with logged_or_warned(out_dir):
@@ -126,7 +126,7 @@ def run_prior(where: Where, *, situations: str | None) -> BenchRun:
     from trace_dspy.data.situations import resolve_situations
 
     def said(row: dict[str, Any]) -> None:
-        print(f"{row['name']}: dev {row['dev']['accuracy']:.3f}, test {row['test']['accuracy']:.3f}", file=sys.stderr)
+        say(f"{row['name']}: dev {row['dev']['accuracy']:.3f}, test {row['test']['accuracy']:.3f}")
 
     result = measure_prior_variants(where.source(), resolve_situations(situations), seed=where.seed, on_variant=said)
     return BenchRun("prior", result, prior_variants_markdown(result))
@@ -222,12 +222,12 @@ def run_quality_bench(where: Where, *, limit: int, view: str, systems: Sequence[
         for path in rows_dir.glob("*.jsonl"):
             path.unlink()
     source, examples = setup["source"], setup["examples"]
-    print(f"bench: {len(examples)} {view} test examples ({source.kind}: {source.location}); "
-          f"rows in {rows_dir}", file=sys.stderr)
+    say(f"bench: {len(examples)} {view} test examples ({source.kind}: {source.location}); "
+        f"rows in {rows_dir}")
     compared = build_systems(systems, optimizers, artifact, settings=where.settings, lms=setup["lms"],
                              retriever=setup["retriever"], train=setup["train"], dev=setup["dev"],
                              metric=setup["metric"], optimizer_settings=where.settings.raw.get("optimizer"),
-                             log=lambda m: print(m, file=sys.stderr), prior=setup["prior"])
+                             log=say, prior=setup["prior"])
     report = run_quality(compared, examples, setup["metric"], lm=setup["lms"].default, threads=threads,
                          rows_dir=rows_dir, max_failure_rate=max_failure_rate, seed=where.seed, run=setup["run"],
                          pricing=pricing)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_dspy.core import env as env_vars
+from trace_dspy.core.files import MiB, read_text
 from trace_dspy.core.tables import markdown_table
 
 KEY_VAR = env_vars.SCALE_FAKE_KEY
@@ -52,6 +53,7 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
         tmp = Path(tmp)
         folder = _artifact(tmp / "artifacts")
         source = tmp / "in.jsonl"
+        # file-audit: writes the bench's own input file in its temporary folder
         source.write_text("".join(json.dumps({"id": f"d{i}", "dialogue": d}) + "\n" for i, d in enumerate(dialogues)))
         lm_config = LMConfig(default=LMSpec(model="openai/fake", api_base=server.api_base, api_key_env=KEY_VAR,
                                             cache=False))
@@ -72,12 +74,17 @@ def measure_scale(dialogues: Sequence[str], *, latency: float = 0.2, threads: Se
             result["runs"].append(_spark_run(source, tmp / f"spark-{n}.jsonl", model_dir, server, master=master,
                                              env={**env, env_vars.THREADS: str(n)}, partitions=partitions,
                                              model_save_s=model_save_s, items=len(dialogues), task_threads=n))
-        plain = json.loads((tmp / f"plain-{threads[0]}.jsonl").read_text().splitlines()[0])
-        spark_first = json.loads((tmp / f"spark-{task_threads[0]}.jsonl").read_text().splitlines()[0])
+        plain = _first_row(tmp / f"plain-{threads[0]}.jsonl")
+        spark_first = _first_row(tmp / f"spark-{task_threads[0]}.jsonl")
         result["same_first_reply"] = plain.get("response") == spark_first.get("response")
     calls = [r["lm_calls"] / max(1, r["answered"]) for r in result["runs"]]
     result["lm_calls_per_dialogue"] = sum(calls) / len(calls)
     return result
+
+
+def _first_row(path: Path) -> dict:
+    """The first row of an output the bench's own runs wrote (checked and bounded as every read is)."""
+    return json.loads(read_text(path, max_bytes=512 * MiB).splitlines()[0])
 
 
 def _spark_run(source: Path, output: Path, model_dir, server, *, master: str, env: dict[str, str],

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import dspy
 
 from trace_dspy.bench.records import count_lm_calls
+from trace_dspy.core.console import say
 from trace_dspy.workflows.settings import Settings
 
 BASE_SYSTEMS = ("single_cot", "trace_paper", "trace")
@@ -81,7 +82,7 @@ def without_cache(lm_config):
 
 def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Sequence[str], *, settings: Settings,
                   lms, retriever, train=(), dev=(), metric=None, optimizer_settings: dict | None = None,
-                  log=print, prior=None) -> list[System]:
+                  log=say, prior=None) -> list[System]:
     """The systems to compare, all on the LMs of ``lms``; compiled ones are compiled here.
 
     Every staged system gets the same emotion ``prior`` (the default

@@ -4,7 +4,6 @@ scorer as a classifier, and real against wrong replies on EmpatheticDialogues (s
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from trace_dspy.bench.metric_validity import (
     free_weights,
     search_weights,
 )
+from trace_dspy.core.console import say
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
 
@@ -69,8 +69,8 @@ def _epitome_dev(epitome: str | None, meta: dict[str, Any]) -> list:
     except EpitomeError as exc:
         raise StudyError(str(exc)) from exc
     if data.fingerprint != meta.get("data_fingerprint"):
-        print(f"NOTE: EPITOME files {data.fingerprint} differ from the scorer's {meta.get('data_fingerprint')}; "
-              "the held-out split may overlap its training posts", file=sys.stderr)
+        say(f"NOTE: EPITOME files {data.fingerprint} differ from the scorer's {meta.get('data_fingerprint')}; "
+            "the held-out split may overlap its training posts")
     return split_by_post(data.pairs, dev_fraction=meta.get("dev_fraction", 0.25), seed=meta.get("seed", 0))[1]
 
 

@@ -62,6 +62,7 @@ from trace_dspy.cli.common import (
     setup_logging,
 )
 from trace_dspy.core.config import ConfigError
+from trace_dspy.core.console import out, say
 from trace_dspy.data.sources import DataError
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 
@@ -255,6 +256,17 @@ def invalid(args) -> str | None:
     return None
 
 
+def _preflight(args) -> None:
+    """The settings a bench reads and the folders it writes, checked before it measures (``PreflightError``)."""
+    from trace_dspy.core import env
+    from trace_dspy.workflows.preflight import check_environment, check_output_folder, check_tracking_store
+
+    check_environment(env.CACHE, *(() if args.no_mlflow else (env.STORE_WAIT,)))
+    if not args.no_mlflow:
+        check_tracking_store(args.tracking_uri)
+    check_output_folder(args.output_dir or DEFAULT_OUTPUT, "--output-dir")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
@@ -270,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         return fail(problem)
     try:
+        _preflight(args)
         where = Where(settings_from_args(args), data=args.data, seed=args.seed, output_dir=args.output_dir,
                       command="python -m trace_dspy.bench " + shlex.join(argv), mlflow=not args.no_mlflow,
                       tracking_uri=args.tracking_uri, experiment=args.experiment)
@@ -282,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         record = (args.output_dir or DEFAULT_OUTPUT) / "latency.json"
         kept = (f"the runs measured so far are in {record}" if args.command == "latency"
                 else "finished quality rows are kept and a rerun resumes them")
-        print(f"\ninterrupted; {kept}", file=sys.stderr)
+        say(f"\ninterrupted; {kept}")
         return 130
-    print(run.table)
-    print(f"\n{run.name}.md and {run.name}.json in {run.out_dir}")
+    out(run.table)
+    out(f"\n{run.name}.md and {run.name}.json in {run.out_dir}")
     if run.charts:
-        print("charts: " + ", ".join(str(c) for c in run.charts))
+        out("charts: " + ", ".join(str(c) for c in run.charts))
     if run.mlflow_run_id:
-        print(f"mlflow run {run.mlflow_run_id} (experiment {args.experiment})")
+        out(f"mlflow run {run.mlflow_run_id} (experiment {args.experiment})")
     failures = run.result.get("failures") or []
     if failures:
         said = "; ".join(f"{f['phase']}, {f['label']}: {f['reason']}" for f in failures)

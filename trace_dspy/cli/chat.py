@@ -131,6 +131,7 @@ class Repl:
     def turn(self, text: str) -> None:
         if self.interactive:
             status_line("  (thinking...)", sys.stdout)
+        dropped = self.session.dropped
         try:
             exchange = self.session.say(text)
         except DialogueError as exc:
@@ -143,6 +144,8 @@ class Repl:
                        "Your message was not added; send it again to retry.")
             return
         self._clear_thinking()
+        if self.session.dropped > dropped:
+            self.write(_dropped_notice(self.session.dropped))
         if self.session.show_stages:
             for line in format_stage_lines(exchange.stages):
                 self.write(line)
@@ -151,6 +154,14 @@ class Repl:
     def _clear_thinking(self) -> None:
         if self.interactive:
             clear_status_line(sys.stdout)
+
+
+def _dropped_notice(dropped: int) -> str:
+    """What the chat says when the conversation outgrows the dialogue limit: it goes on with the newest turns."""
+    from trace_dspy.core.dialogue import MAX_DIALOGUE_CHARS
+
+    return (f"(the conversation is past {MAX_DIALOGUE_CHARS:,} characters, so the program now reads it without "
+            f"its oldest {dropped} exchange{'s' * (dropped != 1)}; /save still keeps them all, /reset starts over)")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -188,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
     try:
+        from trace_dspy.core import env
+        from trace_dspy.workflows.preflight import check_environment
+
+        check_environment(env.CACHE)  # before the model and the indexes load (a PreflightError is one line)
         settings = settings_from_args(args)
         loaded = _load(args.program, settings, settings.data_source(args.data))
         lm = loaded.lms.default

@@ -22,11 +22,14 @@ import sys
 from trace_dspy.cli.common import (
     add_data_args, add_model_args, add_situations_arg, add_tracking_args, command_line, fail, failure_rate,
     settings_from_args, setup_logging)
+from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError
+from trace_dspy.core.console import out, say
 from trace_dspy.data.sources import DataError
 from trace_dspy.optimize.optimizers import OPTIMIZERS
 from trace_dspy.workflows.compile import CompileConfig, CompileFailed, run_compile
 from trace_dspy.workflows.evaluation import FailureRateExceeded
+from trace_dspy.workflows.preflight import PreflightError, check_environment, check_output_folder, check_tracking_store
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,11 +117,25 @@ def config_from_args(argv: list[str]) -> CompileConfig:
     return cfg
 
 
+def preflight(cfg: CompileConfig) -> None:
+    """The settings a compile reads and the places it writes, checked before anything is fitted
+    (``PreflightError``): a compile takes minutes to hours, and its artifact is written last."""
+    from trace_dspy.store.artifacts import artifacts_root
+
+    check_environment(env.CACHE, *((env.STORE_WAIT,) if cfg.mlflow else ()))
+    if cfg.mlflow:
+        check_tracking_store(cfg.tracking_uri)
+    named = ("--artifacts-dir" if cfg.artifacts_dir else f"${env.ARTIFACTS}" if env.value(env.ARTIFACTS)
+             else "the folder")
+    check_output_folder(artifacts_root(cfg.artifacts_dir), named)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = config_from_args(argv)
-    except ConfigError as exc:
+        preflight(cfg)
+    except (ConfigError, PreflightError) as exc:
         return fail(str(exc))
     setup_logging(cfg.extra.get("verbose", False))
     try:
@@ -130,17 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     except CompileFailed as exc:
         return fail(f"{exc} No artifact version was written.", code=1)
     except KeyboardInterrupt:
-        print("\ninterrupted: no artifact version was written (versions appear only when complete)", file=sys.stderr,
-              flush=True)
+        say("\ninterrupted: no artifact version was written (versions appear only when complete)")
         return 130
-    print(result.table())
+    out(result.table())
     if result.after.get("collapsed"):
-        print(f"\nCOLLAPSED: {result.after['collapse_reason']}")
-    print(f"\nartifact: {result.artifact}")
+        out(f"\nCOLLAPSED: {result.after['collapse_reason']}")
+    out(f"\nartifact: {result.artifact}")
     if result.run_id:
-        print(f"mlflow run: {result.run_id}; registered {cfg.registered_model} version {result.registry_version}"
-              + ("; now champion" if result.promoted else "; champion unchanged"))
-    print(f"load it: trace_dspy.load('{cfg.name}@v{result.manifest['version']}')  ({result.seconds:.0f} s)")
+        out(f"mlflow run: {result.run_id}; registered {cfg.registered_model} version {result.registry_version}"
+            + ("; now champion" if result.promoted else "; champion unchanged"))
+    out(f"load it: trace_dspy.load('{cfg.name}@v{result.manifest['version']}')  ({result.seconds:.0f} s)")
     return 0
 
 

@@ -33,9 +33,12 @@ from trace_dspy.cli.common import (
     settings_from_args,
     setup_logging,
 )
+from trace_dspy.core import env
 from trace_dspy.core.pricing import COST_KEY, DIALOGUES
 from trace_dspy.core.config import ConfigError
+from trace_dspy.core.console import out, say
 from trace_dspy.data.sources import DataError, load_splits, load_test, resolve_source
+from trace_dspy.store.tracking import not_logged_count
 from trace_dspy.workflows.ablation import run_ablation
 from trace_dspy.workflows.evaluation import (
     ABLATIONS,
@@ -54,6 +57,12 @@ from trace_dspy.workflows.evaluation_runs import (
     evaluate_programs,
     run_key,
     tracing_or_off,
+)
+from trace_dspy.workflows.preflight import (
+    PreflightError,
+    check_environment,
+    check_output_folder,
+    check_tracking_store,
 )
 
 LOAD_ERRORS = (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError)
@@ -107,8 +116,31 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    if args.stage == "emotion":
-        return run_emotion_stage(args, argv)
+    try:
+        preflight(args)
+    except PreflightError as exc:
+        return fail(str(exc))
+    warned = not_logged_count()
+    code = run_emotion_stage(args, argv) if args.stage == "emotion" else _run(args, argv)
+    # Results that did not reach MLflow were named in a warning line (with where they are): not a success.
+    return 1 if code == 0 and not_logged_count() > warned else code
+
+
+def preflight(args) -> None:
+    """The settings this run reads and the places it writes, checked before anything is loaded or evaluated
+    (``PreflightError``)."""
+    check_environment(env.CACHE, *(() if args.no_mlflow else (env.STORE_WAIT,)))
+    if not args.no_mlflow:
+        check_tracking_store(args.tracking_uri)
+    if args.output_dir is not None:
+        check_output_folder(args.output_dir, "--output-dir")
+    else:
+        check_output_folder(Path("runs/compare" if len(args.program or ()) > 1 else "runs/evaluate"),
+                            "the output folder")
+
+
+def _run(args, argv: list[str]) -> int:
+    """Evaluate the programs (or the ablation's variants) of a full-stage run; the exit code."""
     programs = args.program or ["default"]
     if args.limit is not None and args.limit < 1:
         return fail("--limit must be at least 1")
@@ -124,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ablation:
             report = run_ablation(settings, source, examples, metrics["default"], args.ablation.split(","),
                                   view=args.view, options=run_options(args, argv))
-            print(report.markdown)
-            print(f"rows and ablation.json in {report.out_dir}")
+            out(report.markdown)
+            out(f"rows and ablation.json in {report.out_dir}")
             return 0
         trace = not (args.no_mlflow or args.no_trace) and tracing_or_off(args.tracking_uri, args.experiment)
         base = {"split": args.split, "view": args.view if args.split == "test" else "longest", "limit": len(examples),
@@ -138,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     except FailureRateExceeded as exc:
         return fail(str(exc), code=1)
     except EvaluationInterrupted as exc:
-        print(f"\ninterrupted; finished rows are in {exc.rows_path}. Rerun the same command to resume.",
-              file=sys.stderr)
+        say(f"\ninterrupted; finished rows are in {exc.rows_path}. Rerun the same command to resume.")
         return 130
     if len(programs) > 1:
         _print_comparison(args, argv, done, base)
@@ -163,28 +194,28 @@ def _load(args, programs: list[str]):
 
 
 def _print_one(done: Evaluated, pricing=None) -> None:
-    print(format_table({done.ref: done.summary}, [k for k in TABLE_KEYS if k in done.summary]))
+    out(format_table({done.ref: done.summary}, [k for k in TABLE_KEYS if k in done.summary]))
     if pricing is not None and done.summary.get(COST_KEY) is not None:
-        print(f"cost on a hosted LM: USD {done.summary[COST_KEY]:.4f} per {DIALOGUES:,} dialogues at "
-              f"{pricing.describe()} (the LM calls that reached the model)")
-    print(f"similarity: {done.similarity_kind}; rows: {done.rows_path}; summary: {done.out_dir / 'summary.json'}")
+        out(f"cost on a hosted LM: USD {done.summary[COST_KEY]:.4f} per {DIALOGUES:,} dialogues at "
+            f"{pricing.describe()} (the LM calls that reached the model)")
+    out(f"similarity: {done.similarity_kind}; rows: {done.rows_path}; summary: {done.out_dir / 'summary.json'}")
     if done.mlflow_run:
-        print(f"mlflow evaluation run {done.mlflow_run[1]}")
+        out(f"mlflow evaluation run {done.mlflow_run[1]}")
 
 
 def _print_comparison(args, argv: list[str], done: dict[str, Evaluated], base: dict) -> None:
     programs = list(done)
     out_dir = compare_dir(programs, base, args.output_dir)
-    print(compare_programs(done, base, out_dir, seed=args.seed, command=command_line("evaluate", argv)))
-    print(f"compare.json in {out_dir}")
+    out(compare_programs(done, base, out_dir, seed=args.seed, command=command_line("evaluate", argv)))
+    out(f"compare.json in {out_dir}")
     first = done[programs[0]].mlflow_run
     if first:
         # The UI's dialogue-by-dialogue view of two evaluation runs (MLflow 3's Evaluation runs page).
         experiment, first_id = first
         for ref in programs[1:]:
             if done[ref].mlflow_run:
-                print(f"{ref} against {programs[0]} in the MLflow UI: #/experiments/{experiment}/evaluation-runs"
-                      f"?selectedRunUuid={done[ref].mlflow_run[1]}&compareToRunUuid={first_id}")
+                out(f"{ref} against {programs[0]} in the MLflow UI: #/experiments/{experiment}/evaluation-runs"
+                    f"?selectedRunUuid={done[ref].mlflow_run[1]}&compareToRunUuid={first_id}")
 
 
 def run_emotion_stage(args, argv: list[str]) -> int:
@@ -209,8 +240,8 @@ def run_emotion_stage(args, argv: list[str]) -> int:
     except (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError) as exc:
         return fail(str(exc))
     out_dir = args.output_dir or Path("runs/evaluate") / f"{run_key(setup.key())}-emotion"
-    print(f"emotion stage of {programs[0]} on {len(setup.items)} {args.split} items ({setup.source.kind}: "
-          f"{setup.source.location}); rows in {out_dir / ROWS_FILE}", file=sys.stderr)
+    say(f"emotion stage of {programs[0]} on {len(setup.items)} {args.split} items ({setup.source.kind}: "
+        f"{setup.source.location}); rows in {out_dir / ROWS_FILE}")
     try:
         result = run_emotion_eval(setup, out_dir=out_dir, threads=args.threads, fresh=args.fresh,
                                   command=command_line("evaluate", argv), mlflow=not args.no_mlflow,
@@ -218,15 +249,14 @@ def run_emotion_stage(args, argv: list[str]) -> int:
     except ForeignFileError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        print(f"\ninterrupted; finished rows are in {out_dir / ROWS_FILE}. Rerun the same command to resume.",
-              file=sys.stderr)
+        say(f"\ninterrupted; finished rows are in {out_dir / ROWS_FILE}. Rerun the same command to resume.")
         return 130
     summary = result.summary
-    print(format_table({programs[0]: summary}, HEADLINE_KEYS))
-    print(f"emotion path: {summary['emotion_path']}; lm: {summary['lm']}; {summary['seconds']:.1f} s")
-    print(f"rows: {result.rows_path}; summary: {result.summary_path}; confusion matrix: {result.confusion_path}")
+    out(format_table({programs[0]: summary}, HEADLINE_KEYS))
+    out(f"emotion path: {summary['emotion_path']}; lm: {summary['lm']}; {summary['seconds']:.1f} s")
+    out(f"rows: {result.rows_path}; summary: {result.summary_path}; confusion matrix: {result.confusion_path}")
     if result.mlflow_run_id:
-        print(f"mlflow evaluation run {result.mlflow_run_id}")
+        out(f"mlflow evaluation run {result.mlflow_run_id}")
     return 0
 
 

@@ -14,14 +14,14 @@ the prior it fits. See :mod:`trace_dspy.program.emotion_prior`.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-from trace_dspy.cli.common import add_situations_arg
+from trace_dspy.cli.common import add_situations_arg, fail
+from trace_dspy.core.console import out_json
 from trace_dspy.data.sources import DataError
 from trace_dspy.program.emotion_prior import SHIPPED, PriorError
 from trace_dspy.workflows.fits import refit_prior
+from trace_dspy.workflows.preflight import PreflightError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,13 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shown = refit_prior(args.data, situations=args.situations, seed=args.seed, output=args.output,
                             refit_on_dev=args.refit_on_dev)
-    except (DataError, PriorError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (DataError, PriorError, PreflightError) as exc:
+        return fail(str(exc))
     except OSError as exc:
-        print(f"error: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(shown, indent=2))
+        return fail(f"cannot write {args.output}: {exc.strerror or exc}")
+    out_json(shown, indent=2)
     return 0
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import runpy
 import sys
 
+from trace_dspy.core.console import out, say
+
 PROG = "trace-dspy"
 
 # name -> (the launcher module ``python -m`` runs, what the command does)
@@ -38,11 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``trace-dspy COMMAND ARGS``; returns the command's exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
+        (out if argv else say)(usage())
         return 0 if argv else 2
     name, args = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"{PROG}: unknown command {name!r} (choose from {', '.join(COMMANDS)})\n\n{usage()}", file=sys.stderr)
+        say(f"{PROG}: unknown command {name!r} (choose from {', '.join(COMMANDS)})\n\n{usage()}")
         return 2
     saved = sys.argv
     sys.argv = [f"{PROG} {name}", *args]
@@ -59,7 +61,7 @@ def _exit_code(code) -> int:
     """``SystemExit.code`` as ``sys.exit`` reports it: None is success, a message is printed and fails."""
     if code is None or isinstance(code, int):
         return code or 0
-    print(code, file=sys.stderr)
+    say(str(code))
     return 1
 
 

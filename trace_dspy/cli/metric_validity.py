@@ -36,6 +36,7 @@ from pathlib import Path
 
 from trace_dspy.bench.validity_study import run_validity
 from trace_dspy.cli.common import add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.core.console import out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,12 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     settings_from_args(args)
     try:
+        from trace_dspy.workflows.preflight import check_output_file
+
+        check_output_file(args.output, "--output")  # before the scoring, which takes minutes
         text = run_validity(epitome=args.epitome, data=args.data, limit=args.limit, seed=args.seed,
                             search=args.search, reply_guards=args.reply_guards, output=args.output,
                             command="python -m trace_dspy.metric_validity " + shlex.join(argv))
     except ValueError as exc:
         return fail(str(exc))
-    print(text)
+    out(text)
     return 0
 
 

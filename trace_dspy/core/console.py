@@ -1,5 +1,13 @@
-"""Console helpers the library shares with commands: progress on stderr, narrative lines, warnings given once,
-DSPy context for worker threads."""
+"""Console helpers the library shares with commands: progress on stderr, narrative lines, results on stdout,
+warnings given once, DSPy context for worker threads.
+
+Every line a command shows goes through this module (``out``, ``out_json``, ``say``, ``Progress``, the status
+line; log records and Python warnings after ``escape_logs_and_warnings``), and each escapes what it writes
+with ``terminal_safe`` or ``json_safe_dumps``: text from an artifact, a model or a user cannot drive the
+terminal, whoever prints it. The only raw control sequence written is the status line's own "go to the start
+of the line and clear it". ``tests/core/test_terminal_safe.py`` fails on a write to stdout or stderr anywhere
+else in the package.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,8 @@ import threading
 import time
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any, TextIO
+
+from trace_dspy.core.safety import json_safe_dumps, terminal_safe
 
 _WARNED: set[Hashable] = set()
 _WARN_LOCK = threading.Lock()
@@ -57,7 +67,7 @@ class Progress:
                  terminal: bool | None = None, leave: bool | None = None):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
-        self.desc, self.total, self.unit, self.n, self.detail = desc, total, unit, 0, ""
+        self.desc, self.total, self.unit, self.n, self.detail = terminal_safe(desc), total, unit, 0, ""
         self.lines = 0  # plain lines written
         self._iterable = iterable
         self._interval = INTERVAL if interval is None else interval
@@ -130,9 +140,9 @@ class Progress:
 
     def note(self, detail: str) -> None:
         """What the phase is doing now, shown beside the count (``registering the model``)."""
-        self.detail = detail
+        self.detail = terminal_safe(detail)
         if self._bar is not None:
-            self._bar.set_postfix_str(detail, refresh=False)
+            self._bar.set_postfix_str(self.detail, refresh=False)
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started if self._started else 0.0
@@ -170,7 +180,8 @@ class Progress:
 
 
 def _output(text: str, stream: TextIO) -> None:
-    """Write one line to ``stream`` beside any bar on it, and note the time."""
+    """Write one line to ``stream`` beside any bar on it, control characters escaped, and note the time."""
+    text = terminal_safe(text)
     with _STATE_LOCK:
         bars = any(p._bar is not None for p in _ACTIVE)
         _LAST_OUTPUT[0] = time.monotonic()
@@ -185,6 +196,65 @@ def _output(text: str, stream: TextIO) -> None:
 def say(message: str, stream: TextIO | None = None) -> None:
     """One line of a command's account of what it does, on stderr (above any progress bar)."""
     _output(message, stream if stream is not None else sys.stderr)
+
+
+def out(text: str = "", stream: TextIO | None = None) -> None:
+    """A command's result (a reply, a table, a path) on stdout, control characters escaped."""
+    _output(text, stream if stream is not None else sys.stdout)
+
+
+def out_json(value: Any, **options: Any) -> None:
+    """``value`` as JSON on stdout (``json_safe_dumps``: controls and bidi controls as ``\\uXXXX``)."""
+    out(json_safe_dumps(value, **options))
+
+
+# Back to the start of the line, and clear it: how a self-overwriting status line redraws itself.
+_CLEAR_LINE = "\r\x1b[K"
+
+
+def status_line(text: str, stream: TextIO) -> None:
+    """Replace the status line on ``stream`` (a terminal) with ``text``, control characters escaped."""
+    stream.write(_CLEAR_LINE + terminal_safe(text))
+    stream.flush()
+
+
+def clear_status_line(stream: TextIO) -> None:
+    """Erase the status line on ``stream``."""
+    stream.write(_CLEAR_LINE)
+    stream.flush()
+
+
+class EscapedLogRecord(logging.LogRecord):
+    """A log record whose message and traceback show control characters as escapes, whichever handler and
+    formatter (the root's, DSPy's, MLflow's own) write it: a logged model reply cannot drive the terminal."""
+
+    def getMessage(self) -> str:
+        return terminal_safe(super().getMessage())
+
+    @property
+    def exc_text(self) -> str | None:  # the formatted traceback, which formatters cache here
+        return self.__dict__.get("_exc_text")
+
+    @exc_text.setter
+    def exc_text(self, value: str | None) -> None:
+        self.__dict__["_exc_text"] = None if value is None else terminal_safe(value)
+
+
+def escape_logs_and_warnings() -> None:
+    """Make every log line and Python warning from now on escape control characters: a logged model reply, or a
+    warning that quotes an artifact, cannot drive the terminal. (A log record factory someone else installed
+    is left as it is.)"""
+    import warnings
+
+    if logging.getLogRecordFactory() is logging.LogRecord:
+        logging.setLogRecordFactory(EscapedLogRecord)
+    if not getattr(warnings.showwarning, "escapes", False):
+        def show(message, category, filename, lineno, file=None, line=None) -> None:
+            text = warnings.formatwarning(message, category, filename, lineno, line)
+            _output(text.rstrip("\n"), file if file is not None else sys.stderr)
+
+        show.escapes = True  # type: ignore[attr-defined]
+        warnings.showwarning = show
 
 
 def progress(iterable: Iterable | None = None, *, desc: str = "", total: int | None = None,

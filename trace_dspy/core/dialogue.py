@@ -9,6 +9,7 @@ spelling.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,14 @@ _PREFIX = re.compile(r"^\s*(speaker|listener|seeker|responder|user|assistant)\s*
 MAX_DIALOGUE_CHARS = 20_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+# What draws nothing on a screen: whitespace and the characters of these Unicode categories (format
+# characters such as zero-width spaces, joiners, bidi controls and the BOM; space, line and paragraph
+# separators; controls), and the few letters and marks that render blank (Hangul fillers, the blank Braille
+# pattern, the combining grapheme joiner, variation selectors).
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Zs", "Zl", "Zp", "Cc"})
+_BLANK = frozenset("\u034f\u115f\u1160\u180b\u180c\u180d\u180f\u2800\u3164\uffa0"
+                   + "".join(map(chr, [*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)])))
+
 
 class DialogueError(ValueError):
     """The dialogue given to the program cannot be used as it is."""
@@ -38,6 +47,17 @@ class Turn:
 
 def _clean(text: str) -> str:
     return " ".join(text.split())
+
+
+def is_invisible(text: str) -> bool:
+    """Whether ``text`` shows nothing (empty, whitespace, zero-width spaces, bidi controls, a BOM...): such a
+    message says nothing, so it is refused before any model is asked (and paid) to answer it."""
+    return all(c.isspace() or c in _BLANK or unicodedata.category(c) in _INVISIBLE_CATEGORIES for c in text)
+
+
+def _empty(what: str, text: str) -> DialogueError:
+    hidden = " (it holds only invisible characters, such as zero-width spaces or direction marks)" if text else ""
+    return DialogueError(f"{what}{hidden}")
 
 
 def parse_dialogue(dialogue: str | Sequence[str] | Sequence[Mapping[str, str]]) -> list[Turn]:
@@ -60,11 +80,11 @@ def parse_dialogue(dialogue: str | Sequence[str] | Sequence[Mapping[str, str]]) 
             f"dialogue must be a string or a list of turns, not {type(dialogue).__name__}"
         )
     turns = [Turn(t.role, _clean(t.text)) for t in turns]
-    if not turns or all(not t.text for t in turns):
-        raise DialogueError("dialogue is empty: give at least one speaker message")
+    if not turns or all(is_invisible(t.text) for t in turns):
+        raise _empty("dialogue is empty: give at least one speaker message", "".join(t.text for t in turns))
     for i, turn in enumerate(turns, 1):
-        if not turn.text:
-            raise DialogueError(f"turn {i} ({turn.role}) is empty")
+        if is_invisible(turn.text):
+            raise _empty(f"turn {i} ({turn.role}) is empty", turn.text)
         if _SURROGATE.search(turn.text):
             # Undecodable bytes (decoded with surrogateescape) or a lone surrogate escape in JSON: no model takes it.
             raise DialogueError(f"turn {i} ({turn.role}) is not valid UTF-8 text; is it binary data?")
@@ -107,6 +127,11 @@ def _parse_list(items: Sequence) -> list[Turn]:
         # Alternate roles backwards from the final speaker turn.
         n = len(items)
         return [Turn(SPEAKER if (n - 1 - i) % 2 == 0 else LISTENER, x) for i, x in enumerate(items)]
+    if any(isinstance(x, str) for x in items):
+        # A list of strings with something else among them: name that turn (counted from 1), not the first.
+        i, odd = next((i, x) for i, x in enumerate(items, 1) if not isinstance(x, str))
+        shown = "null" if odd is None else f"{odd!r:.80}"
+        raise DialogueError(f"turn {i}: expected a string like the other turns, got {shown}")
     turns = []
     for i, item in enumerate(items, 1):
         if not isinstance(item, Mapping) or "text" not in item or "role" not in item:

@@ -10,8 +10,10 @@ before it is parsed, logged or printed:
   API-key environment variables (and of every variable an LM was told to read
   its key from, whatever its name) wherever they appear in a message, and
   shortens a message that would carry megabytes of model output.
-- ``terminal_safe`` makes control characters and terminal escape sequences
-  visible (``\\x1b``) instead of letting them act on the user's terminal.
+- ``terminal_safe`` makes control characters, terminal escape sequences and
+  bidirectional-text controls visible (``\\x1b``, ``\\u202e``) instead of
+  letting them act on the user's terminal; ``json_safe_dumps`` is its JSON
+  form, which keeps every other character (``café``, emoji) readable.
 """
 
 from __future__ import annotations
@@ -194,17 +196,37 @@ def redact_exception(exc: BaseException) -> BaseException:
 
 # ---------------------------------------------------------------- terminals
 
-# C0 controls except tab and newline, DEL, and the C1 controls (which include CSI, U+009B).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Bidirectional-text controls: the embeddings and overrides (U+202A-U+202E), the isolates (U+2066-U+2069) and
+# the marks (U+200E, U+200F, U+061C). They reorder what the terminal shows (a right-to-left override makes
+# "gpj.exe" read as "exe.jpg"), so they are shown as escapes like the controls that move the cursor.
+_BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# C0 controls except tab and newline, DEL, the C1 controls (which include CSI, U+009B), and the bidi controls.
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI_CONTROLS}]")
+# The same characters as JSON escapes; json.dumps escapes C0 controls itself (ESC becomes \\u001b).
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in [
+    *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def terminal_safe(text: str) -> str:
-    """Show control characters as escapes, so that output cannot drive the terminal."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Show control characters and bidi controls as escapes (``\\x1b``, ``\\u202e``), so that output cannot
+    drive the terminal or reorder what it shows; every other character, tab and newline stay as they are."""
+    return _CONTROL.sub(lambda m: _escape(m.group()), text)
+
+
+def json_safe_dumps(value: Any, **options: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **options)`` with the characters ``terminal_safe`` escapes
+    written as JSON escapes (``\\u009b``, ``\\u202e``): the same data once parsed, harmless on a terminal, and
+    ``café`` or emoji still readable."""
+    return json.dumps(value, ensure_ascii=False, **options).translate(_JSON_ESCAPES)
 
 
 __all__ = [
-    "JSONLimitError", "MAX_JSON_DEPTH", "MAX_MESSAGE_CHARS", "exception_chain", "load_json", "redact",
-    "redact_exception", "register_secret_name", "register_secret_value", "register_url_credentials", "secret_values",
-    "shorten", "terminal_safe",
+    "JSONLimitError", "MAX_JSON_DEPTH", "MAX_MESSAGE_CHARS", "exception_chain", "json_safe_dumps", "load_json",
+    "redact", "redact_exception", "register_secret_name", "register_secret_value", "register_url_credentials",
+    "secret_values", "shorten", "terminal_safe",
 ]

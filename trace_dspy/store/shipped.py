@@ -12,8 +12,9 @@ emotion prior, the scorer heads).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+from trace_dspy.core.console import say
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "default_program"
 MANIFEST = "manifest.json"
@@ -46,8 +47,11 @@ def _label(folder: Path) -> str:
     """``NAME@vN`` from the folder's manifest, or the folder when the manifest cannot be read."""
     import json
 
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+    from trace_dspy.core.files import read_bytes
+
+    try:  # a FileCheckError (not a regular file, too large) is a ValueError
+        # The bound of trace_dspy.store.artifacts.MAX_MANIFEST_BYTES, without importing DSPy for a label.
+        manifest = json.loads(read_bytes(folder / MANIFEST, max_bytes=2 * 1024 * 1024, root=folder))
         return f"{manifest['name']}@v{int(manifest['version'])}"
     except (OSError, ValueError, KeyError, TypeError):
         return str(folder)
@@ -62,4 +66,4 @@ def _in_checkout() -> bool:
 def _announce(line: str) -> None:
     if line not in _announced:
         _announced.add(line)
-        print(line, file=sys.stderr)
+        say(line)

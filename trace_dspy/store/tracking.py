@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_dspy.core import env
+from trace_dspy.core.console import say
 from trace_dspy.core.safety import exception_chain, redact
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -59,6 +61,7 @@ def store_lock(tracking_uri: str):
 
     db = Path(tracking_uri[len("sqlite:///"):])
     db.parent.mkdir(parents=True, exist_ok=True)
+    # file-audit: creates or opens the store's lock file only to flock it; nothing is read or written
     with open(db.with_name(db.name + ".lock"), "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -299,12 +302,32 @@ def numeric_metrics(summary: Mapping[str, Any], prefix: str) -> dict[str, float]
     return out
 
 
+# What SQLAlchemy adds to a database error's own words: the statement, its parameters, a link to its docs.
+_SQL_TAIL = re.compile(r"\s*(\[SQL:|\[parameters:|\(Background on this error)")
+_DRIVER_PREFIX = re.compile(r"^\([\w.]+\)\s*")
+
+
+def error_line(exc: BaseException) -> str:
+    """A store error as one line, ``Type: words``: the database's own words without the SQL statement, its
+    parameters and the link SQLAlchemy appends, credentials masked, at most 300 characters."""
+    text = _SQL_TAIL.split(str(exc), maxsplit=1)[0].strip()
+    first = _DRIVER_PREFIX.sub("", (text.splitlines() or [""])[0].strip())
+    return redact(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)[:300]
+
+
+_NOT_LOGGED = [0]  # how many times this process warned that results were not logged
+
+
 def warn_not_logged(exc: BaseException, results) -> None:
     """MLflow failed after the results were written: say where they are instead of losing them."""
-    import sys
+    _NOT_LOGGED[0] += 1
+    say(f"warning: could not log to MLflow ({error_line(exc)}); results are in {results}")
 
-    print(f"warning: could not log to MLflow ({redact(f'{type(exc).__name__}: {exc}')}); results are in {results}",
-          file=sys.stderr)
+
+def not_logged_count() -> int:
+    """How many times :func:`warn_not_logged` warned in this process: a command compares it before and after
+    its work, and does not exit 0 when its results did not reach MLflow."""
+    return _NOT_LOGGED[0]
 
 
 @contextmanager

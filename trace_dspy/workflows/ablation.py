@@ -7,12 +7,12 @@ Each variant's rows go to ``<out_dir>/<variant>/examples.jsonl`` (a rerun resume
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trace_dspy.core.console import say
 from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.workflows.evaluation import (
@@ -56,7 +56,7 @@ def run_ablation(settings: Settings, source, examples: Sequence, metric, names: 
         rows_path.parent.mkdir(parents=True, exist_ok=True)
         if options.fresh and rows_path.exists():
             rows_path.unlink()
-        print(f"ablation {name}: {len(examples)} examples, rows in {rows_path}", file=sys.stderr)
+        say(f"ablation {name}: {len(examples)} examples, rows in {rows_path}")
         try:
             results[name] = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default,
                                              threads=options.threads, results_path=rows_path,

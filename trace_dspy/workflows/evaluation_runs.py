@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.core.console import heartbeat
+from trace_dspy.core.console import heartbeat, say
 from trace_dspy.core.jsonl import atomic_write_json
 from trace_dspy.core.pricing import Pricing
 from trace_dspy.core.tables import markdown_table
@@ -87,12 +86,12 @@ def run_key(parts: dict[str, Any]) -> str:
 
 def tracing_or_off(tracking_uri: str | None, experiment: str) -> bool:
     """Prepare the store for one trace per dialogue; False (with a warning) when the store is unusable."""
-    from trace_dspy.store.tracking import prepare_tracing
+    from trace_dspy.store.tracking import error_line, prepare_tracing
 
     try:
         prepare_tracing(tracking_uri, experiment)
     except Exception as exc:  # noqa: BLE001 - the store is unusable: evaluate anyway, untraced
-        print(f"warning: tracing is off ({type(exc).__name__}: {exc})", file=sys.stderr)
+        say(f"warning: tracing is off ({error_line(exc)})")
         return False
     return True
 
@@ -139,8 +138,8 @@ def evaluate_one(ref: str, loaded, metric, source, examples: Sequence, parts: di
     rows_path = out_dir / "examples.jsonl"
     if options.fresh and rows_path.exists():
         rows_path.unlink()
-    print(f"evaluating {ref} on {len(examples)} {options.split} examples ({source.kind}: {source.location}); "
-          f"rows in {rows_path}", file=sys.stderr)
+    say(f"evaluating {ref} on {len(examples)} {options.split} examples ({source.kind}: {source.location}); "
+        f"rows in {rows_path}")
     try:
         result = evaluate_program(loaded.program, examples, metric, lm=loaded.lms.default, threads=options.threads,
                                   results_path=rows_path, max_failure_rate=options.max_failure_rate,

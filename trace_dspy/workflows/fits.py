@@ -9,13 +9,12 @@ weights already at the output path.
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.core.console import heartbeat
+from trace_dspy.core.console import heartbeat, say
 
 RELEVANCE_REPRODUCE_LIMIT = 400
 RELEVANCE_PROBES = (
@@ -62,6 +61,19 @@ class Refit:
     matches: bool | None = None
 
 
+def _check_outputs(output: Path, json_path: Path | None, check: bool) -> None:
+    """Where a refit writes (the weights, the JSON) or, for ``check``, the weights it compares with, checked
+    before any data is read: a refit takes minutes, and a path found wrong after it loses them."""
+    from trace_dspy.workflows.preflight import check_output_file
+
+    if check:
+        if not Path(output).is_file():
+            raise FitError(f"--check compares with the weights at {output}, which is not a file")
+        return
+    check_output_file(output, "--output")
+    check_output_file(json_path, "--json")
+
+
 def _embedder(what: str):
     from trace_dspy.optimize.similarity import MISSING_EMBED, get_embedder
 
@@ -99,7 +111,7 @@ def _refit_head(name: str, announce: str, fit: Callable, describe: Callable, ext
     """A head's refit after its data and embedder are in hand: say what is fitted, ``fit()`` (a result with
     ``head`` and ``table``), then check or save it (``_check_or_save``, with ``extras(result)`` recorded on a
     full refit), each phase under a heartbeat; ``describe(result)`` is the text the command prints."""
-    print(announce, file=sys.stderr, flush=True)
+    say(announce)
     with heartbeat(name) as phase:
         phase.note("embedding and fitting")
         result = fit()
@@ -211,6 +223,7 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
         fit_pool,
     )
 
+    _check_outputs(output or WEIGHTS_FILE, json_path, check)
     source, embedder = _ed_pool(data, seed, limit, "the relevance head")
     rows = pool_rows(source, limit, seed)
     meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
@@ -248,6 +261,7 @@ def refit_empathy(epitome: str | None, *, seed: int = 0, dev_fraction: float = 0
     )
     from trace_dspy.optimize.empathy_fit import fit_epitome, format_fit_table
 
+    _check_outputs(output or WEIGHTS_FILE, json_path, check)
     if limit is not None and limit < 40:
         raise FitError("--limit must be at least 40 pairs")
     try:
@@ -285,12 +299,16 @@ def refit_prior(data: str, *, situations: str | None, seed: int = 0, output: Pat
     """Fit the emotion prior on the training side of ``data``'s pool and the situations file, and save it to
     ``output``; returns what to show (the output, its size and the prior's description).
 
-    Raises DataError or PriorError for bad inputs and OSError when ``output`` cannot be written.
+    Raises DataError or PriorError for bad inputs, PreflightError (before any work) for an ``output`` in a
+    folder that is missing or cannot be written, and OSError when writing it fails all the same.
     """
     from trace_dspy.data.situations import resolve_situations
     from trace_dspy.data.sources import resolve_source
     from trace_dspy.program.emotion_prior import fit_from_source
 
+    from trace_dspy.workflows.preflight import check_output_file
+
+    check_output_file(output, "--output")  # before the fit, which takes minutes
     resolved = resolve_situations(situations)
     source = resolve_source(data, seed=seed)
     with heartbeat("emotion prior") as phase:
@@ -305,6 +323,7 @@ def refit_tone(data: str | None, *, seed: int = 0, limit: int | None = None, out
     """Refit the tone head on the ED pool of ``data`` (see :mod:`trace_dspy.optimize.tone`)."""
     from trace_dspy.optimize.tone import WEIGHTS_FILE, ToneError, ToneScorer, fit_tone, tone_rows
 
+    _check_outputs(output or WEIGHTS_FILE, json_path, check)
     source, embedder = _ed_pool(data, seed, limit, "the tone head")
 
     def rows_of(n: int | None):
