@@ -18,8 +18,6 @@ Every number comes from the folder: ``config.json`` (sizes, heads, layers, Layer
 from __future__ import annotations
 
 import contextlib
-
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +26,8 @@ from typing import NoReturn
 
 import numpy as np
 
+from trace_dspy.core.files import FileCheckError, MiB, read_bytes, read_text
+
 MODULE_TYPES = ("sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
                 "sentence_transformers.models.Normalize")
 ACTIVATIONS = ("gelu",)  # the exact (erf) GELU
@@ -35,6 +35,11 @@ ACTIVATIONS = ("gelu",)  # the exact (erf) GELU
 # smaller batches, so memory stays in the tens of MB whatever the input.
 SCORE_BUDGET = 1 << 19
 MAX_BATCH = 64
+# Bounds on the folder's files (all-MiniLM-L6-v2: configs of a few hundred bytes, a 0.7 MB tokenizer.json,
+# a 91 MB model.safetensors); each is read only once checked to be a regular file within its bound.
+MAX_CONFIG_BYTES = 1 * MiB
+MAX_TOKENIZER_BYTES = 64 * MiB
+MAX_WEIGHTS_BYTES = 2048 * MiB
 
 
 class UnsupportedModel(ValueError):
@@ -62,10 +67,14 @@ class BertConfig:
 
 
 def _read_json(path: Path, folder: Path) -> dict:
+    from trace_dspy.core.safety import load_json
+
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UnsupportedModel(f"unsupported model folder {folder}: no {path.relative_to(folder)}") from None
+        return load_json(read_bytes(path, max_bytes=MAX_CONFIG_BYTES), str(path))
+    except FileCheckError as e:
+        if e.missing:
+            raise UnsupportedModel(f"unsupported model folder {folder}: no {path.relative_to(folder)}") from None
+        raise UnsupportedModel(f"unsupported model folder {folder}: cannot read {e}") from None
     except (OSError, ValueError) as e:
         raise UnsupportedModel(f"unsupported model folder {folder}: cannot read {path.relative_to(folder)}: {e}") \
             from None
@@ -193,7 +202,7 @@ class BertSentenceEncoder:
     serialises the calls."""
 
     def __init__(self, folder: str | Path):
-        from safetensors.numpy import load_file
+        from safetensors.numpy import load
         from tokenizers import Tokenizer
 
         self.folder = Path(folder)
@@ -202,12 +211,19 @@ class BertSentenceEncoder:
         for name in ("tokenizer.json", "model.safetensors"):
             if not (transformer / name).is_file():
                 raise UnsupportedModel(f"unsupported model folder {self.folder}: no {name}")
-        tokenizer = Tokenizer.from_file(str(transformer / "tokenizer.json"))
+        tokenizer = Tokenizer.from_str(self._read(transformer / "tokenizer.json", MAX_TOKENIZER_BYTES, text=True))
         # As sentence-transformers calls it: truncated to max_seq_length; padded here, per batch.
         tokenizer.enable_truncation(max_length=cfg.max_seq_length, strategy="longest_first")
         tokenizer.no_padding()
         self.tokenizer = tokenizer
-        self._load_weights(load_file(str(transformer / "model.safetensors")))
+        self._load_weights(load(self._read(transformer / "model.safetensors", MAX_WEIGHTS_BYTES)))
+
+    def _read(self, path: Path, max_bytes: int, *, text: bool = False):
+        """A file of the folder, checked and bounded (its bytes, or its UTF-8 text)."""
+        try:
+            return read_text(path, max_bytes=max_bytes) if text else read_bytes(path, max_bytes=max_bytes)
+        except FileCheckError as e:
+            raise UnsupportedModel(f"unsupported model folder {self.folder}: cannot read {e}") from None
 
     @property
     def dim(self) -> int:

@@ -22,6 +22,8 @@ from trace_dspy.core.stages import (  # the stage registry
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold")
 PLANNER_CHOICES: tuple[str, ...] = ("auto", "lm")
+# A config file is a few tables of settings; one far larger is not a config file.
+MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PRIOR_K = 8
 MAX_BEST_OF = 8
 MAX_OPENER_VARIETY = 8  # trace_dspy.core.openers.MAX_OPENERS: a fitted table holds at most this many
@@ -310,13 +312,17 @@ def check_tables(raw: dict[str, Any], path: str | Path | None = None) -> tuple[D
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML config file, with errors that name the file."""
+    """Read a TOML config file, with errors that name the file: a regular file of at most
+    ``MAX_CONFIG_BYTES`` of UTF-8 (:func:`trace_dspy.core.files.read_text`; a FIFO is refused at once)."""
+    from trace_dspy.core.files import FileCheckError, read_text
+
     path = Path(path)
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        return tomllib.loads(read_text(path, max_bytes=MAX_CONFIG_BYTES))
+    except FileCheckError as exc:
+        if exc.missing:
+            raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(str(exc)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 

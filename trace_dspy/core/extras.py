@@ -35,6 +35,7 @@ def _installed_from_file() -> str | None:
     from importlib import metadata
 
     try:
+        # file-audit: importlib.metadata reads the installed distribution's own record (PEP 610)
         text = metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
         url = json.loads(text)["url"] if text else ""
     except (metadata.PackageNotFoundError, ValueError, KeyError, TypeError):

@@ -91,6 +91,7 @@ def _try_lock(path: Path, output: str | os.PathLike) -> int | None:
 
     for _ in range(100):  # another holder may remove the file between our open and our lock: open it again
         try:
+            # file-audit: the lock file, opened without following links or waiting, checked regular, then locked
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise OutputLockError(_unusable(path, output, exc)) from None
@@ -146,6 +147,7 @@ def _busy(path: Path, output: str | os.PathLike) -> str:
     """The one line that refuses a run whose output another run is writing."""
     holder = ""
     try:
+        # file-audit: the holder's lock file, opened without following links or waiting; 256 bytes read at most
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             text = os.read(fd, 256)

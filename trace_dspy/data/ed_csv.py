@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trace_dspy.core.console import warn_once
 from trace_dspy.core.labels import EMOTIONS
-from trace_dspy.data.samples import DataError, Sample, csv_rows
+from trace_dspy.data.samples import DataError, Sample, csv_rows, open_lines
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +39,11 @@ def read_ed_csv(path: str | os.PathLike) -> list[Sample]:
 
 
 def _read_rows(path: Path) -> Rows:
-    """The file's rows by dialogue_id, in the order the ids first appear; each row checked."""
+    """The file's rows by dialogue_id, in the order the ids first appear; each row checked. The file is read
+    through :func:`~trace_dspy.data.samples.open_lines` (a regular file, bounded in size and line length)."""
     rows: Rows = defaultdict(list)
-    try:
-        fh = open(path, newline="", encoding="utf-8")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open: {exc.strerror}") from None
-    with fh:
-        for line, values in csv_rows(fh, path, COLUMNS):
+    with open_lines(path) as lines:
+        for line, values in csv_rows(lines.text(), path, COLUMNS):
             row = dict(zip(COLUMNS, values))
             did, text, emotion = row["dialogue_id"], row["text"], row["dialogue_emotion"]
             try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trace_dspy.core import env
+from trace_dspy.core.files import FileCheckError, MiB, TextLines, hash_file
 from trace_dspy.core.labels import STRATEGIES
 
 ENV_VAR = env.EPITOME
@@ -39,6 +40,9 @@ FILES = {
 }
 _COLUMNS = ("sp_id", "rp_id", "seeker_post", "response_post", "level", "rationales")
 DEV_FRACTION = 0.25
+# The published files are about 1 MB each; a CSV line (a field may span several) stays far below a MiB.
+MAX_FILE_BYTES = 64 * MiB
+MAX_LINE_BYTES = 1 * MiB
 
 
 class EpitomeError(ValueError):
@@ -83,17 +87,21 @@ def fingerprint(folder: Path) -> str:
     for mech in MECHANISMS:
         path = folder / FILES[mech]
         digest.update(path.name.encode())
-        digest.update(path.read_bytes())
+        try:
+            hash_file(digest, path, max_bytes=MAX_FILE_BYTES)
+        except FileCheckError as exc:
+            raise EpitomeError(str(exc)) from None
     return "sha256:" + digest.hexdigest()[:16]
 
 
 def _read(path: Path) -> dict[tuple[str, str, int], tuple[str, str, int]]:
-    """Rows keyed by (sp_id, rp_id, occurrence): the published files rate a few pairs twice."""
+    """Rows keyed by (sp_id, rp_id, occurrence): the published files rate a few pairs twice. The file must be a
+    regular file of at most ``MAX_FILE_BYTES``, UTF-8, its lines at most ``MAX_LINE_BYTES``."""
     out: dict[tuple[str, str, int], tuple[str, str, int]] = {}
     seen: dict[tuple[str, str], int] = {}
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            reader = csv.DictReader(fh)
+        with TextLines(path, max_bytes=MAX_FILE_BYTES, max_line_bytes=MAX_LINE_BYTES, universal=True) as lines:
+            reader = csv.DictReader(lines.text())  # file-audit: parses lines that TextLines read (checked, bounded)
             absent = [c for c in _COLUMNS if c not in (reader.fieldnames or [])]
             if absent:
                 raise EpitomeError(f"{path}: missing column(s) {', '.join(absent)}")
@@ -107,8 +115,8 @@ def _read(path: Path) -> dict[tuple[str, str, int], tuple[str, str, int]]:
                     raise EpitomeError(f"{where}: empty sp_id or rp_id")
                 seen[pair] = seen.get(pair, 0) + 1
                 out[(*pair, seen[pair])] = (row["seeker_post"] or "", row["response_post"] or "", int(level))
-    except UnicodeDecodeError as exc:
-        raise EpitomeError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except FileCheckError as exc:  # not a regular file, too large, a line too long or not UTF-8
+        raise EpitomeError(str(exc)) from None
     except csv.Error as exc:
         raise EpitomeError(f"{path}: malformed CSV: {exc}") from None
     if not out:

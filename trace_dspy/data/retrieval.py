@@ -215,7 +215,7 @@ class ExemplarIndex:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.retriever.save(str(folder / "bm25"), show_progress=False)
-        with open(folder / "items.json", "w", encoding="utf-8") as fh:
+        with open(folder / "items.json", "w", encoding="utf-8") as fh:  # file-audit: writes a new index
             json.dump({"version": INDEX_VERSION, "fingerprint": self.fingerprint, "items": self.items}, fh)
         return folder
 
@@ -252,6 +252,7 @@ class ExemplarIndex:
         _check_bm25(folder / "bm25", root, len(items))
         bm25s = _bm25s()
         try:
+            # file-audit: bm25s reads its own files; _check_bm25 just read and checked each through core.files
             retriever = bm25s.BM25.load(str(folder / "bm25"), show_progress=False, allow_pickle=False)
             num_docs = int(retriever.scores["num_docs"])
         except Exception as exc:  # bm25s raises whatever numpy, json or the OS raise on a damaged file

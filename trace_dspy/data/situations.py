@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trace_dspy.core import env
+from trace_dspy.core.files import MiB
 from trace_dspy.core.labels import EMOTIONS
-from trace_dspy.data.samples import csv_rows
+from trace_dspy.data.samples import MAX_CSV_LINE_BYTES, csv_rows, open_lines
 from trace_dspy.data.sources import DataError, _fingerprint
 
 SITUATIONS_ENV = env.SITUATIONS
 NONE = "none"
 COLUMNS = ("situation", "emotion")
+# The ED train split's situations are 1.7 MB; a file far larger is not a situations file.
+MAX_SITUATIONS_BYTES = 64 * MiB
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,19 @@ class Situations:
 
 
 def read_situations(path: str | os.PathLike) -> Situations:
-    """Read a situations CSV; a missing or malformed file is a DataError naming the file and line."""
+    """Read a situations CSV; a missing or malformed file is a DataError naming the file and line.
+
+    Only a regular file of at most ``MAX_SITUATIONS_BYTES`` is read (a FIFO or a device is refused at once),
+    its lines at most ``MAX_CSV_LINE_BYTES`` each; a spreadsheet's byte-order mark is dropped.
+    """
     path = Path(path)
-    try:
-        fh = open(path, newline="", encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: situations file not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open the situations file: {exc.strerror}") from None
     texts: list[str] = []
     labels: list[str] = []
-    with fh:
+    with open_lines(path, what="situations file", max_bytes=MAX_SITUATIONS_BYTES,
+                    max_line_bytes=MAX_CSV_LINE_BYTES) as lines:
         # strict: an unclosed quote is an error, not a field that runs to the end of the file
-        for line, (text, emotion) in csv_rows(fh, path, COLUMNS, what="the situations file", strict=True):
+        for line, (text, emotion) in csv_rows(lines.text(), path, COLUMNS, what="the situations file",
+                                              strict=True):
             text, emotion = text.strip(), emotion.strip()
             if not text:
                 raise DataError(f"{path}:{line}: empty situation")
@@ -82,4 +85,4 @@ def resolve_situations(flag: str | os.PathLike | None = None) -> Situations | No
     return read_situations(choice)
 
 
-__all__ = ["SITUATIONS_ENV", "Situations", "read_situations", "resolve_situations"]
+__all__ = ["MAX_SITUATIONS_BYTES", "SITUATIONS_ENV", "Situations", "read_situations", "resolve_situations"]

@@ -43,10 +43,11 @@ from pathlib import Path
 import dspy
 
 from trace_dspy.core import env
+from trace_dspy.core.files import FileCheckError, hash_file
 from trace_dspy.core.labels import EMOTIONS
-from trace_dspy.core.safety import JSONLimitError, load_json
+from trace_dspy.core.safety import MAX_LINE_BYTES, JSONLimitError, load_json
 from trace_dspy.data.ed_csv import read_ed_csv
-from trace_dspy.data.samples import DataError, Sample
+from trace_dspy.data.samples import MAX_DATA_BYTES, DataError, Sample, open_lines
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +148,14 @@ def _load_single_jsonl_source(path: Path, *, kind: str, seed: int) -> DataSource
 
 
 def _fingerprint(paths: Iterable[Path]) -> str:
+    """sha256 of each file's name and bytes, in order; the files are checked and bounded as they are read."""
     digest = hashlib.sha256()
     for p in paths:
         digest.update(p.name.encode())
-        with open(p, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
+        try:
+            hash_file(digest, p, max_bytes=MAX_DATA_BYTES)
+        except FileCheckError as exc:
+            raise DataError(str(exc)) from None
     return "sha256:" + digest.hexdigest()[:16]
 
 
@@ -160,20 +163,16 @@ def _fingerprint(paths: Iterable[Path]) -> str:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[Sample]:
-    """Read the project's JSONL format; errors name the file and the line."""
+    """Read the project's JSONL format; errors name the file and the line.
+
+    The file is read through :func:`~trace_dspy.data.samples.open_lines`: a regular file of at most
+    ``MAX_DATA_BYTES``, lines of at most ``MAX_LINE_BYTES`` (``load_json``'s limit), UTF-8.
+    """
     path = Path(path)
     samples = []
     seen: set[str] = set()
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot open: {exc.strerror}") from None
-    with fh:
-        for n, raw in enumerate(fh, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{path}:{n}: not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    with open_lines(path, max_line_bytes=MAX_LINE_BYTES, universal=False) as lines:
+        for n, line in _numbered(lines):
             if not line.strip():
                 continue
             try:
@@ -188,6 +187,14 @@ def read_jsonl(path: str | os.PathLike) -> list[Sample]:
     if not samples:
         raise DataError(f"{path}: no records")
     return samples
+
+
+def _numbered(lines):
+    """The (number, text) of ``lines``; a line too long or not UTF-8 is a DataError naming it."""
+    try:
+        yield from lines
+    except FileCheckError as exc:
+        raise DataError(str(exc)) from None
 
 
 def sample_from_record(obj, *, where: str, default_id: str) -> Sample:

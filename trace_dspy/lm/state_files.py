@@ -21,8 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from trace_dspy.core.files import open_checked
+
 MAGIC = b"TDSTATE1"
 MAX_FILES = 32
+# A state holds the KV cache of one system message; a file larger than this is not one of ours.
+MAX_STATE_BYTES = 2 * 1024 ** 3
 _HEADER = struct.Struct("<8sQQ")  # magic, token count, state bytes
 
 
@@ -42,12 +46,16 @@ class StateFiles:
         return self.folder / f"{digest[:32]}.state"
 
     def load(self, tokens: list[int]) -> tuple | None:
-        """The saved state for exactly these prompt tokens, as ``models.save_context`` returns it; or None."""
+        """The saved state for exactly these prompt tokens, as ``models.save_context`` returns it; or None.
+
+        Only a regular file of at most ``MAX_STATE_BYTES`` whose header's sizes add up to its own is read.
+        """
         path = self.path(tokens)
         try:
-            with open(path, "rb") as fh:
+            fh, file_size = open_checked(path, max_bytes=MAX_STATE_BYTES)
+            with fh:
                 magic, count, size = _HEADER.unpack(fh.read(_HEADER.size))
-                if magic != MAGIC or count != len(tokens):
+                if magic != MAGIC or count != len(tokens) or _HEADER.size + 4 * count + size != file_size:
                     return None
                 ids = np.frombuffer(fh.read(4 * count), np.int32)
                 if ids.tolist() != list(tokens):
@@ -56,7 +64,7 @@ class StateFiles:
                 if fh.readinto(buf) != size:
                     return None
             os.utime(path)  # recently used
-        except (OSError, struct.error, ValueError):
+        except (OSError, struct.error, ValueError):  # a FileCheckError (a file refused) is a ValueError
             return None
         return buf, size, ids.astype(np.intc)
 
@@ -65,8 +73,9 @@ class StateFiles:
         buf, size, _ = saved
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
+            # file-audit: a new private temporary file (mkstemp makes it), written whole, then renamed into place
             fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-            with os.fdopen(fd, "wb") as fh:
+            with os.fdopen(fd, "wb") as fh:  # file-audit: writes the temporary file mkstemp just made
                 fh.write(_HEADER.pack(MAGIC, len(tokens), size))
                 fh.write(np.asarray(tokens, np.int32).tobytes())
                 fh.write(memoryview(buf)[:size])

@@ -10,6 +10,7 @@ from typing import Any
 
 import dspy
 
+from trace_dspy.core.dialogue import MAX_DIALOGUE_CHARS, DialogueError
 from trace_dspy.core.jsonl import atomic_add_records, atomic_write_lines
 from trace_dspy.workflows.batch import stage_outputs
 
@@ -87,6 +88,9 @@ class ChatSession:
     show_stages: bool = False
     exchanges: list[Exchange] = field(default_factory=list)
     conversation_id: str = field(default_factory=lambda: f"chat-{uuid.uuid4().hex[:8]}")
+    # How many of the oldest exchanges the program no longer reads: a long conversation keeps going with its
+    # newest exchanges, within the dialogue limit (MAX_DIALOGUE_CHARS). The transcript keeps them all.
+    dropped: int = 0
 
     def turns(self) -> list[str]:
         """The dialogue as alternating turns, speaker first."""
@@ -95,21 +99,42 @@ class ChatSession:
             out += [ex.speaker, ex.reply]
         return out
 
+    def window_start(self, text: str) -> int:
+        """The first exchange the program reads with ``text``: the newest exchanges whose turns, with ``text``,
+        fit the dialogue limit; never earlier than ``dropped`` (DialogueError when ``text`` alone is too long)."""
+        size = len(" ".join(text.split()))
+        if size > MAX_DIALOGUE_CHARS:
+            raise DialogueError(f"your message is {size:,} characters long; the limit is {MAX_DIALOGUE_CHARS:,}: "
+                                "send a shorter one")
+        start = len(self.exchanges)
+        while start > self.dropped:
+            ex = self.exchanges[start - 1]
+            size += len(ex.speaker) + len(ex.reply)
+            if size > MAX_DIALOGUE_CHARS:
+                break
+            start -= 1
+        return start
+
     def say(self, text: str) -> Exchange:
-        """Answer the speaker's next turn. On any error the conversation is left as it was."""
+        """Answer the speaker's next turn, the program reading the newest exchanges that fit the dialogue limit
+        (``dropped`` grows as older ones stop fitting). On any error the conversation is left as it was."""
+        start = self.window_start(text)
+        turns = [t for ex in self.exchanges[start:] for t in (ex.speaker, ex.reply)]
         if self.lm is not None:
             with dspy.context(lm=self.lm):
-                pred = self.program(dialogue=[*self.turns(), text])
+                pred = self.program(dialogue=[*turns, text])
         else:
-            pred = self.program(dialogue=[*self.turns(), text])
+            pred = self.program(dialogue=[*turns, text])
         # The program collapses whitespace in turns; store them the same way.
         exchange = Exchange(" ".join(text.split()), " ".join(str(pred.response).split()), str(pred.get("emotion", "")),
                             stage_outputs(pred))
         self.exchanges.append(exchange)
+        self.dropped = start
         return exchange
 
     def reset(self) -> None:
         self.exchanges.clear()
+        self.dropped = 0
         self.conversation_id = f"chat-{uuid.uuid4().hex[:8]}"
 
     def records(self) -> list[dict[str, Any]]:
