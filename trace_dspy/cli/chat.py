@@ -144,8 +144,8 @@ class Repl:
                        "Your message was not added; send it again to retry.")
             return
         self._clear_thinking()
-        if self.session.dropped > dropped:
-            self.write(_dropped_notice(self.session.dropped))
+        if self.session.dropped and not dropped:  # said once, when the oldest exchanges first stop fitting
+            self.write(_dropped_notice())
         if self.session.show_stages:
             for line in format_stage_lines(exchange.stages):
                 self.write(line)
@@ -156,12 +156,13 @@ class Repl:
             clear_status_line(sys.stdout)
 
 
-def _dropped_notice(dropped: int) -> str:
+def _dropped_notice() -> str:
     """What the chat says when the conversation outgrows the dialogue limit: it goes on with the newest turns."""
     from trace_dspy.core.dialogue import MAX_DIALOGUE_CHARS
 
-    return (f"(the conversation is past {MAX_DIALOGUE_CHARS:,} characters, so the program now reads it without "
-            f"its oldest {dropped} exchange{'s' * (dropped != 1)}; /save still keeps them all, /reset starts over)")
+    return (f"(the conversation is past {MAX_DIALOGUE_CHARS:,} characters: from here on the program reads only "
+            "its newest exchanges that fit, the oldest first left out; /save still keeps them all, /reset starts "
+            "over)")
 
 
 def _first_line(exc: BaseException) -> str:

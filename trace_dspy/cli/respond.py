@@ -99,11 +99,8 @@ def _run(args: argparse.Namespace) -> int:
         return fail("--threads must be at least 1")
     if args.input and not args.input.is_file():
         return fail(f"no such input file: {args.input}")
-    try:  # the settings read and the file written, before anything is loaded
-        check_environment(env_vars.CACHE)
-        if args.trace:
-            check_tracking_store(None)
-        check_output_file(args.output, "--output", make_parent=True)
+    try:
+        _preflight(args)
     except PreflightError as exc:
         return fail(str(exc))
     if args.input:
@@ -145,6 +142,14 @@ def _run(args: argparse.Namespace) -> int:
         if code is not None:
             return code
         return _answer(args, message, program, default_lm)
+
+
+def _preflight(args: argparse.Namespace) -> None:
+    """The settings respond reads and the file it writes, checked before anything is loaded."""
+    check_environment(env_vars.CACHE)
+    if args.trace:
+        check_tracking_store(None)
+    check_output_file(args.output, "--output", make_parent=True)
 
 
 def _answer(args: argparse.Namespace, message: str | None, program, default_lm) -> int:
