@@ -156,6 +156,60 @@ def offline_workdir(tmp_path: Path, monkeypatch, lm=None) -> Path:
     return tmp_path
 
 
+def fake_every_lm(monkeypatch, responder=None):
+    """Make every LM the commands build one scripted fake answering with ``responder``; returns its engine."""
+    import trace_dspy.lm.specs as lms_module
+
+    lm, engine = fake_lm(responder) if responder is not None else fake_lm()
+    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
+    return engine
+
+
+def respond_uncompiled(tmp_path: Path, monkeypatch, responder):
+    """``respond``'s main() on the uncompiled program, every LM one fake answering with ``responder``, no data
+    source and no emotion prior; returns a function of the remaining arguments that gives the exit code."""
+    from trace_dspy.cli.respond import main
+
+    fake_every_lm(monkeypatch, responder)
+    monkeypatch.setenv("TRACE_DSPY_DATA", "")
+    config = tmp_path / "c.toml"
+    config.write_text("[program]\nprior_k = 0\n")
+
+    def run(*argv: str) -> int:
+        return main(["--config", str(config), "--program", "default", *argv])
+
+    return run
+
+
+def run_repl(session, lines: list[str]) -> tuple[int, list[str]]:
+    """Drive ``chat``'s REPL over ``session`` with ``lines`` as the user's input (then end of input); returns its
+    exit code and every line it wrote."""
+    from trace_dspy.cli.chat import Repl
+
+    out: list[str] = []
+    feed = iter(lines)
+
+    def read(_prompt):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    code = Repl(session, read=read, write=out.append).run()
+    return code, out
+
+
+@pytest.fixture
+def fake_workdir(tmp_path, monkeypatch):
+    """A fresh working directory whose every LM is a fake that records its calls, with the fast config and a
+    plain file (``a-file``) to put in a path's way; returns (the folder, the fake engine)."""
+    lm, engine = fake_lm(echo_reply)
+    offline_workdir(tmp_path, monkeypatch, lm)
+    (tmp_path / "fast.toml").write_text(FAST_CONFIG)
+    (tmp_path / "a-file").write_text("not a folder\n")
+    return tmp_path, engine
+
+
 def compile_fast(tmp_path: Path, monkeypatch, *, trace: bool = True) -> str:
     """One compile with a fake LM (and a key in the environment) into tmp_path; returns the tracking URI.
 

@@ -13,8 +13,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from conftest import respond_uncompiled
 
-import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core import jsonl
 from trace_dspy.testing.fakes import fake_lm
@@ -180,16 +180,8 @@ def test_an_output_of_an_earlier_version_resumes_by_its_stored_dialogue(tmp_path
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
     """respond's main() with every LM one scripted fake and the uncompiled program; yields (main, recorder)."""
-    from trace_dspy.cli.respond import main
-
     rec = Recorder()
-    lm, _ = fake_lm(rec)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    monkeypatch.setenv("TRACE_DSPY_DATA", "")
-    (tmp_path / "c.toml").write_text("[program]\nprior_k = 0\n")
-
-    def run(*argv: str) -> int:
-        return main(["--config", str(tmp_path / "c.toml"), "--program", "default", *argv])
+    run = respond_uncompiled(tmp_path, monkeypatch, rec)
 
     return run, rec
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pexpect
 import pytest
+from conftest import run_repl
 
 from trace_dspy import TraceProgram
-from trace_dspy.cli.chat import Repl
 from trace_dspy.data.sources import read_jsonl
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.conversation import ChatSession
@@ -33,17 +33,7 @@ def echo(outputs, inputs):
 
 
 def run_lines(session, lines):
-    out: list[str] = []
-    feed = iter(lines)
-
-    def read(_prompt):
-        try:
-            return next(feed)
-        except StopIteration:
-            raise EOFError from None
-
-    code = Repl(session, read=read, write=out.append).run()
-    return code, out
+    return run_repl(session, lines)
 
 
 def test_turns_accumulate_and_the_program_sees_the_whole_dialogue():

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
+from conftest import fake_every_lm
 
-import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
 from trace_dspy.cli.respond import main
 from trace_dspy.core.jsonl import read_records
@@ -25,9 +25,7 @@ def echo_responder(outputs, inputs):
 @pytest.fixture
 def fake_models(monkeypatch):
     """Every LM the CLI builds is one scripted fake; yields its engine."""
-    lm, engine = fake_lm(echo_responder)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    return engine
+    return fake_every_lm(monkeypatch, echo_responder)
 
 
 def test_single_message_prints_the_reply(fake_models, capsys):

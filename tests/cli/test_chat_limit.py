@@ -3,8 +3,9 @@ chat says so once (naming /reset), and /save still keeps every exchange."""
 
 from __future__ import annotations
 
+from conftest import run_repl
+
 from trace_dspy import TraceProgram
-from trace_dspy.cli.chat import Repl
 from trace_dspy.core.dialogue import MAX_DIALOGUE_CHARS
 from trace_dspy.data.sources import read_jsonl
 from trace_dspy.testing.fakes import fake_lm
@@ -24,17 +25,7 @@ def long_turn(n: int) -> str:
 
 
 def run_lines(session: ChatSession, lines: list[str]) -> list[str]:
-    out: list[str] = []
-    feed = iter(lines)
-
-    def read(_prompt):
-        try:
-            return next(feed)
-        except StopIteration:
-            raise EOFError from None
-
-    Repl(session, read=read, write=out.append).run()
-    return out
+    return run_repl(session, lines)[1]
 
 
 def test_a_chat_past_the_limit_keeps_answering_with_its_newest_exchanges(tmp_path):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import run_repl
 
 from trace_dspy import TraceProgram
-from trace_dspy.cli.chat import Repl
 from trace_dspy.data.sources import read_jsonl
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.conversation import ChatSession
@@ -26,16 +26,8 @@ def chat(lines: list[str], session: ChatSession | None = None) -> tuple[ChatSess
     if session is None:
         lm, _ = fake_lm(echo)
         session = ChatSession(TraceProgram(), lm)
-    out: list[str] = []
-    feed = iter(lines)
-
-    def read(_prompt):
-        try:
-            return next(feed)
-        except StopIteration:
-            raise EOFError from None
-
-    assert Repl(session, read=read, write=out.append).run() == 0
+    code, out = run_repl(session, lines)
+    assert code == 0
     return session, out
 
 

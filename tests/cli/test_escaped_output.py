@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import fake_every_lm
 
-import trace_dspy.lm.specs as lms_module
-from trace_dspy.testing.fakes import fake_lm
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "artifacts" / "trace-dspy" / "v0006"
@@ -93,9 +92,7 @@ def hostile_model(outputs, inputs):
 
 @pytest.fixture
 def hostile_lm(monkeypatch):
-    lm, engine = fake_lm(hostile_model)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    return engine
+    return fake_every_lm(monkeypatch, hostile_model)
 
 
 @pytest.mark.parametrize("flags", [[], ["--show-stages"], ["--json"]])

@@ -9,10 +9,6 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from conftest import FAST_CONFIG, echo_reply, offline_workdir
-
-from trace_dspy.testing.fakes import fake_lm
-
 
 class WorkStarted(Exception):
     """The command began its work before checking where its results go."""
@@ -73,12 +69,8 @@ def test_a_check_against_missing_weights_is_refused_before_the_fit(tmp_path, mon
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    lm, engine = fake_lm(echo_reply)
-    offline_workdir(tmp_path, monkeypatch, lm)
-    (tmp_path / "fast.toml").write_text(FAST_CONFIG)
-    (tmp_path / "a-file").write_text("not a folder\n")
-    return tmp_path, engine
+def workdir(fake_workdir):
+    return fake_workdir
 
 
 def test_a_compile_into_an_artifact_root_that_is_a_file_is_refused_before_it_compiles(workdir, capsys):

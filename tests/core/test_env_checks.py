@@ -10,9 +10,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import FAST_CONFIG, echo_reply, offline_workdir
-
-from trace_dspy.testing.fakes import fake_lm
 
 CACHE = "TRACE_DSPY_CACHE"
 STORE_WAIT = "TRACE_DSPY_STORE_WAIT"
@@ -29,13 +26,8 @@ COMMANDS = {
 
 
 @pytest.fixture
-def workdir(tmp_path, monkeypatch):
-    """A fresh working directory whose every LM is a fake that records its calls."""
-    lm, engine = fake_lm(echo_reply)
-    offline_workdir(tmp_path, monkeypatch, lm)
-    (tmp_path / "fast.toml").write_text(FAST_CONFIG)
-    (tmp_path / "a-file").write_text("not a folder\n")
-    return tmp_path, engine
+def workdir(fake_workdir):
+    return fake_workdir
 
 
 def run(command: str, capsys) -> tuple[int, list[str], float]:

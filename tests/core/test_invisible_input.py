@@ -15,8 +15,8 @@ import sys
 
 import dspy
 import pytest
+from conftest import fake_every_lm
 
-import trace_dspy.lm.specs as lms_module
 from trace_dspy import TraceProgram
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
 from trace_dspy.testing.fakes import fake_lm
@@ -40,9 +40,7 @@ def echo(outputs, inputs):
 @pytest.fixture
 def engine(monkeypatch):
     """Every LM the commands build is one scripted fake; its engine records the calls."""
-    lm, engine = fake_lm(echo)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    return engine
+    return fake_every_lm(monkeypatch, echo)
 
 
 @pytest.mark.parametrize("text", INVISIBLE.values(), ids=INVISIBLE.keys())

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import respond_uncompiled
 
 import trace_dspy
-import trace_dspy.lm.specs as lms_module
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.batch import BatchError, respond_batch
@@ -105,16 +105,8 @@ class Asked:
 def second(tmp_path, monkeypatch):
     """respond's main() for the second run (every LM its own fake, the uncompiled program); yields
     (main, its recorder, its input file)."""
-    from trace_dspy.cli.respond import main
-
     asked = Asked()
-    lm, _ = fake_lm(asked)
-    monkeypatch.setattr(lms_module, "build_lm", lambda spec: lm)
-    monkeypatch.setenv("TRACE_DSPY_DATA", "")
-    (tmp_path / "c.toml").write_text("[program]\nprior_k = 0\n")
-
-    def run(*argv: str) -> int:
-        return main(["--config", str(tmp_path / "c.toml"), "--program", "default", *argv])
+    run = respond_uncompiled(tmp_path, monkeypatch, asked)
 
     return run, asked, write(tmp_path / "second.jsonl", SECOND, "b")
 
