@@ -211,7 +211,9 @@ def test_the_installed_wheel_runs_the_packaged_default_from_any_directory(wheel,
 
     helped = run(script, "--help")
     assert helped.returncode == 0
-    assert all(f"  {name} " in helped.stdout for name in ("respond", "chat", "compile", "evaluate", "inspect"))
+    assert all(f"  {name} " in helped.stdout for name in ("respond", "inspect", "fit_tone", "bench", "bench_local"))
+    tone = run(script, "fit_tone", "--help")
+    assert tone.returncode == 0 and tone.stdout.startswith("usage: trace-dspy fit_tone "), tone.stderr
     shown = run(script, "inspect", site / "default_program")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("trace-dspy@v6")
@@ -235,7 +237,8 @@ def test_console_script_lists_the_commands_and_runs_them(monkeypatch, capsys):
     from trace_dspy.cli.main import COMMANDS, main
     from trace_dspy.testing.fakes import fake_lm
 
-    assert set(COMMANDS) == {"respond", "chat", "compile", "evaluate", "inspect"}
+    assert set(COMMANDS) == {"respond", "chat", "compile", "evaluate", "inspect", "fit_prior", "fit_empathy",
+                             "fit_relevance", "fit_tone", "metric_validity", "bench", "bench_local"}
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: trace-dspy COMMAND") and all(f"  {name} " in out for name in COMMANDS)

@@ -54,6 +54,7 @@ from trace_dspy.cli.common import (
     add_pricing_args,
     add_situations_arg,
     add_tracking_args,
+    command_parser,
     fail,
     failure_rate,
     output_dir,
@@ -216,8 +217,8 @@ OPTIONS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.bench", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("bench", __doc__, prog)
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name in SUBCOMMANDS:
         p = sub.add_parser(name, help=HELP[name], description=HELP[name])
@@ -267,13 +268,14 @@ def _preflight(args) -> None:
     check_output_folder(args.output_dir or DEFAULT_OUTPUT, "--output-dir")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["quality", *argv]
+    parser = build_parser(prog)
     if argv[0] == "embedded":
-        return run_embedded_command(argv[1:], "python -m trace_dspy.bench embedded", HELP["embedded"])
-    args = build_parser().parse_args(argv)
+        return run_embedded_command(argv[1:], f"{parser.prog} embedded", HELP["embedded"])
+    args = parser.parse_args(argv)
     setup_logging(args.verbose)
     for key in ("config", "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"):
         if not hasattr(args, key):  # sub-commands that use fake LMs (latency has --config, for respond)

@@ -28,7 +28,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from trace_dspy.cli.common import add_model_args, add_trace_arg, enter_tracing, fail, settings_from_args, setup_logging
+from trace_dspy.cli.common import (
+    add_model_args,
+    add_trace_arg,
+    command_parser,
+    enter_tracing,
+    fail,
+    settings_from_args,
+    setup_logging,
+)
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import clear_status_line, out, status_line
 from trace_dspy.core.dialogue import DialogueError
@@ -173,9 +181,8 @@ def _first_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.chat", description=__doc__.split("\n\n")[0],
-                                     epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("chat", __doc__, prog, epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--program", default=None,
                         help="the program to talk to (default: as respond, the newest artifact not worse than "
                              "the uncompiled program on its dev set, else the uncompiled one); 'default' "
@@ -196,8 +203,8 @@ def _load(ref: str | None, settings, data):
     return load_for_run(ref, settings, data=data, announce_seed=False, remember_openings=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_parser(prog).parse_args(argv)
     setup_logging(args.verbose)
     try:
         from trace_dspy.core import env

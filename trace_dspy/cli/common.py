@@ -238,6 +238,14 @@ def output_dir(text: str) -> Path:
     return path
 
 
+def command_parser(module: str, doc: str, prog: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of the command ``python -m trace_dspy.<module>``, described by the first paragraph of ``doc``
+    (its module docstring). ``prog`` is the name its usage shows: ``trace-dspy NAME`` when the console script
+    runs it (``cli/main.py`` passes it to the command's ``main``), else (None) ``python -m trace_dspy.<module>``."""
+    return argparse.ArgumentParser(prog=prog or f"python -m trace_dspy.{module}", description=doc.split("\n\n")[0],
+                                   **kwargs)
+
+
 def command_line(module: str, argv: list[str]) -> str:
     """How a command was run, for its records: ``python -m trace_dspy.<module> ARGS``, with credentials
     (a password in an --api-base URL) masked."""

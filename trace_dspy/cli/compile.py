@@ -20,8 +20,8 @@ import dataclasses
 import sys
 
 from trace_dspy.cli.common import (
-    add_data_args, add_model_args, add_situations_arg, add_tracking_args, command_line, fail, failure_rate,
-    settings_from_args, setup_logging)
+    add_data_args, add_model_args, add_situations_arg, add_tracking_args, command_line, command_parser, fail,
+    failure_rate, settings_from_args, setup_logging)
 from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import out, say
@@ -32,8 +32,8 @@ from trace_dspy.workflows.evaluation import FailureRateExceeded
 from trace_dspy.workflows.preflight import PreflightError, check_environment, check_output_folder, check_tracking_store
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.compile", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("compile", __doc__, prog)
     opt = parser.add_argument_group("optimizer")
     opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: select (the best of the uncompiled, labeled and bootstrapped programs "
                                                           "on a selection set; see docs/results/compiling.md)")
@@ -77,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(argv: list[str]) -> CompileConfig:
+def config_from_args(argv: list[str], prog: str | None = None) -> CompileConfig:
     """Flags win over the TOML file ([optimizer] and [data] tables), which win over defaults."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     settings = settings_from_args(args)
     flags = {key: getattr(args, key) for key in (
         "max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
@@ -130,10 +130,10 @@ def preflight(cfg: CompileConfig) -> None:
     check_output_folder(artifacts_root(cfg.artifacts_dir), named)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = config_from_args(argv)
+        cfg = config_from_args(argv, prog)
         preflight(cfg)
     except (ConfigError, PreflightError) as exc:
         return fail(str(exc))

@@ -26,6 +26,7 @@ from trace_dspy.cli.common import (
     add_pricing_args,
     add_tracking_args,
     command_line,
+    command_parser,
     fail,
     failure_rate,
     output_dir,
@@ -68,8 +69,8 @@ from trace_dspy.workflows.preflight import (
 LOAD_ERRORS = (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.evaluate", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("evaluate", __doc__, prog)
     parser.add_argument("--program", action="append", default=None,
                         help="'default' (uncompiled, the default), an artifact folder, a program.json, or an artifact "
                              "reference; give it twice or more to compare programs on the same items (paired "
@@ -112,9 +113,9 @@ def run_options(args, argv: list[str], *, trace: bool = False) -> RunOptions:
                       experiment=args.experiment, pricing=pricing_from_args(args))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     setup_logging(args.verbose)
     try:
         preflight(args)

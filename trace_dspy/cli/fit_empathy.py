@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trace_dspy.cli.common import add_refit_args, refit_main
+from trace_dspy.cli.common import add_refit_args, command_parser, refit_main
 from trace_dspy.workflows.fits import refit_empathy
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.fit_empathy", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("fit_empathy", __doc__, prog)
     parser.add_argument("--epitome", help="folder with the EPITOME Reddit CSVs (default: $TRACE_DSPY_EPITOME)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the split by post (default 0)")
     parser.add_argument("--dev-fraction", type=float, default=0.25, help="share of posts held out (default 0.25)")
@@ -34,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    return refit_main(argv, build_parser(), "fit_empathy", refit)
+    return refit_main(argv, build_parser(prog), "fit_empathy", refit)
 
 
 def refit(args, command: str):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trace_dspy.cli.common import add_situations_arg, fail
+from trace_dspy.cli.common import add_situations_arg, command_parser, fail
 from trace_dspy.core.console import out_json
 from trace_dspy.data.sources import DataError
 from trace_dspy.program.emotion_prior import SHIPPED, PriorError
@@ -24,9 +24,8 @@ from trace_dspy.workflows.fits import refit_prior
 from trace_dspy.workflows.preflight import PreflightError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.fit_prior",
-                                     description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("fit_prior", __doc__, prog)
     parser.add_argument("--data", required=True, help="an ED folder (valid.csv, test.csv) or another data source")
     add_situations_arg(parser)
     parser.add_argument("--seed", type=int, default=0, help="the train/dev split seed (default 0)")
@@ -36,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Refit the shipped prior (or write one elsewhere) from a data source's pool and the situations."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     try:
         shown = refit_prior(args.data, situations=args.situations, seed=args.seed, output=args.output,
                             refit_on_dev=args.refit_on_dev)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from trace_dspy.cli.common import add_refit_args, refit_main
+from trace_dspy.cli.common import add_refit_args, command_parser, refit_main
 from trace_dspy.workflows.fits import refit_tone
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.fit_tone", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("fit_tone", __doc__, prog)
     parser.add_argument("--data", help="ED folder with valid.csv and test.csv (default: $TRACE_DSPY_DATA)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the held-out split (default 0)")
     parser.add_argument("--limit", type=int, help="fit on a seeded sample of about this many pool rows")
@@ -29,9 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    return refit_main(argv, build_parser(), "fit_tone", refit)
+    return refit_main(argv, build_parser(prog), "fit_tone", refit)
 
 
 def refit(args, command: str):

@@ -186,8 +186,10 @@ def render_diff(a: Artifact, b: Artifact) -> str:
 # ---------------------------------------------------------------- CLI
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.inspect", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from trace_dspy.cli.common import command_parser
+
+    parser = command_parser("inspect", __doc__, prog)
     parser.add_argument("refs", nargs="+", metavar="REF",
                         help="an artifact: NAME@vN, NAME@latest, an artifact folder, a program.json, champion, "
                              "models:/NAME/VERSION, models:/NAME@ALIAS, runs:/RUN_ID; give two to diff them")
@@ -201,10 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from trace_dspy.cli.common import fail, setup_logging
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     if len(args.refs) > 2:
         return fail("give one reference to show, or two to diff")
     setup_logging(False)

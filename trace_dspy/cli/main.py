@@ -4,27 +4,36 @@
     trace-dspy compile --optimizer labeled
     trace-dspy inspect trace-dspy@v1
 
-``trace-dspy NAME ARGS`` runs the launcher module ``python -m trace_dspy.NAME ARGS`` would run, as its
-``__main__``, with the same arguments: every flag, exit code and output is the command's own. The launchers
-are run by name rather than imported, so this module imports no command (commands stay independent).
+``trace-dspy NAME ARGS`` imports the command's module (``trace_dspy.cli.<module>``) only once NAME is chosen,
+so this module imports no command and commands stay independent, and calls its ``main(ARGS, prog=...)``: every
+flag, exit code and output is the command's own, and its usage names it ``trace-dspy NAME``.
+``python -m trace_dspy.NAME`` runs the same ``main`` through its launcher, named ``python -m trace_dspy.NAME``.
 """
 
 from __future__ import annotations
 
-import runpy
+import importlib
 import sys
 
 from trace_dspy.core.console import out, say
 
 PROG = "trace-dspy"
 
-# name -> (the launcher module ``python -m`` runs, what the command does)
+# name -> (its module in trace_dspy.cli, what it does); a new command is a row here (tests/cli/test_main.py
+# fails for a module of trace_dspy.cli with a ``main`` that has none)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "respond": ("trace_dspy.respond", "answer a message, or a JSONL file of dialogues"),
-    "chat": ("trace_dspy.chat", "talk to the program in the terminal, one turn at a time"),
-    "compile": ("trace_dspy.compile", "compile the program against the empathy metric; version, track, register"),
-    "evaluate": ("trace_dspy.evaluate", "evaluate a program on EmpatheticDialogues and log the run to MLflow"),
-    "inspect": ("trace_dspy.inspect", "show what a compiled artifact holds, or what changed between two"),
+    "respond": ("respond", "answer a message, or a JSONL file of dialogues"),
+    "chat": ("chat", "talk to the program in the terminal, one turn at a time"),
+    "compile": ("compile", "compile the program against the empathy metric; version, track, register"),
+    "evaluate": ("evaluate", "evaluate a program on EmpatheticDialogues and log the run to MLflow"),
+    "inspect": ("inspect_artifact", "show what a compiled artifact holds, or what changed between two"),
+    "fit_prior": ("fit_prior", "refit the emotion prior shipped with the package, or write one elsewhere"),
+    "fit_empathy": ("fit_empathy", "refit the learned empathy scorer on EPITOME"),
+    "fit_relevance": ("fit_relevance", "refit the metric's learned relevance head"),
+    "fit_tone": ("fit_tone", "refit the reply reward's tone head"),
+    "metric_validity": ("metric_validity", "the validity study behind the empathy metric's weights"),
+    "bench": ("bench", "benchmarks: what the compiled program buys, what it costs, the performance budget"),
+    "bench_local": ("bench_local", "measure the embedded model: speed, prefix reuse, parse failures"),
 }
 
 
@@ -46,19 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         say(f"{PROG}: unknown command {name!r} (choose from {', '.join(COMMANDS)})\n\n{usage()}")
         return 2
-    saved = sys.argv
-    sys.argv = [f"{PROG} {name}", *args]
+    command = importlib.import_module(f"trace_dspy.cli.{COMMANDS[name][0]}")
     try:
-        runpy.run_module(COMMANDS[name][0], run_name="__main__", alter_sys=True)
-    except SystemExit as done:
+        return _exit_code(command.main(args, prog=f"{PROG} {name}"))
+    except SystemExit as done:  # argparse's --help and usage errors, or a command's own sys.exit
         return _exit_code(done.code)
-    finally:
-        sys.argv = saved
-    return 0
 
 
 def _exit_code(code) -> int:
-    """``SystemExit.code`` as ``sys.exit`` reports it: None is success, a message is printed and fails."""
+    """An exit status as ``sys.exit`` reports it: None is success, a message is printed and fails."""
     if code is None or isinstance(code, int):
         return code or 0
     say(str(code))

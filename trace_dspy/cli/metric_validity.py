@@ -35,12 +35,12 @@ import sys
 from pathlib import Path
 
 from trace_dspy.bench.validity_study import run_validity
-from trace_dspy.cli.common import add_model_args, fail, settings_from_args, setup_logging
+from trace_dspy.cli.common import add_model_args, command_parser, fail, settings_from_args, setup_logging
 from trace_dspy.core.console import out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.metric_validity", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("metric_validity", __doc__, prog)
     parser.add_argument("--epitome", help="EPITOME folder (default: $TRACE_DSPY_EPITOME)")
     parser.add_argument("--data", help="ED data (default: $TRACE_DSPY_DATA)")
     parser.add_argument("--limit", type=int, default=500, help="ED test items (default 500)")
@@ -53,9 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     setup_logging()
     settings_from_args(args)
     try:

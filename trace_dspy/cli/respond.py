@@ -28,7 +28,15 @@ from pathlib import Path
 
 import dspy
 
-from trace_dspy.cli.common import add_model_args, add_trace_arg, enter_tracing, fail, settings_from_args, setup_logging
+from trace_dspy.cli.common import (
+    add_model_args,
+    add_trace_arg,
+    command_parser,
+    enter_tracing,
+    fail,
+    settings_from_args,
+    setup_logging,
+)
 from trace_dspy.core import env as env_vars
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.dialogue import DialogueError, normalize_dialogue
@@ -49,8 +57,8 @@ INTERRUPTED = 130
 
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trace_dspy.respond", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = command_parser("respond", __doc__, prog)
     parser.add_argument("message", nargs="*", help="the speaker's message (or a Speaker:/Listener: dialogue)")
     parser.add_argument("--show-stages", action="store_true", help="print every stage's output")
     parser.add_argument("--input", type=Path, help="JSONL file of dialogues to answer")
@@ -76,8 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    args = build_parser(prog).parse_args(argv)
     setup_logging(args.verbose)
     try:
         return _run(args)
