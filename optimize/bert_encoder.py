@@ -6,7 +6,7 @@ LayerNorm, then ``num_hidden_layers`` blocks of multi-head self-attention and a 
 each closed by a residual LayerNorm; then the mean of the token vectors over the attention mask, scaled to
 unit length. That is exactly the pipeline the model folder's ``modules.json`` names (Transformer, mean
 Pooling, Normalize), computed in float32 as torch computes it, so the vectors agree with
-sentence-transformers' to float32 rounding (tests/test_embedder_numpy.py compares them).
+sentence-transformers' to float32 rounding (tests/optimize/test_bert_encoder.py compares them).
 
 Every number comes from the folder: ``config.json`` (sizes, heads, layers, LayerNorm epsilon, activation),
 ``1_Pooling/config.json`` (the pooling mode), ``sentence_bert_config.json`` (the truncation length),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -264,3 +265,36 @@ def mlflow_serve(model_uri: str, env: dict[str, str], cwd: Path) -> Iterator[str
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# ---------------------------------------------------------------- helpers of several modules' tests
+
+
+class Collect(logging.Handler):
+    """A handler of our own on DSPy's LM logger: what reaches it is what a user's handler would see, whatever
+    pytest's log capture also hooks (DSPy's loggers may not propagate to the root logger)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def compile_reply(outputs, inputs):
+    """The compile tests' fake writer: a reply distinct per dialogue (so the collapse check stays quiet), and an
+    emotion right on some dialogues and wrong on others."""
+    if "response" in outputs:
+        words = inputs["dialogue"].split()[-3:]
+        return {"response": f"Losing that at the beach sounds awful; {' '.join(words)} how are you holding up?"}
+    if "emotion" in outputs and "dialogue" in inputs:
+        return {"emotion": "sad" if len(inputs["dialogue"]) % 2 else "joyful"}
+    return {}
+
+
+def ring_trainset(n: int = 6) -> list[dspy.Example]:
+    """``n`` labelled training examples about a ring lost at the beach, one per day."""
+    return [dspy.Example(dialogue=f"Speaker: I lost my ring at the beach, day {i}.", emotion="sad",
+                         response="Oh no, that ring meant a lot. Did you find it?", sample_id=f"t{i}")
+            .with_inputs("dialogue") for i in range(n)]

@@ -17,7 +17,7 @@ from trace_dspy.data.sources import read_jsonl
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows.conversation import ChatSession
 
-FAKE_CLI = Path(__file__).with_name("fake_cli.py")
+FAKE_CLI = Path(__file__).resolve().parents[1] / "fake_cli.py"
 
 
 def echo(outputs, inputs):

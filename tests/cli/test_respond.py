@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import fake_every_lm
+from conftest import Collect, fake_every_lm
 
 from trace_dspy import TraceProgram
 from trace_dspy.cli.respond import main
@@ -117,6 +117,7 @@ def test_read_records_ignores_a_missing_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_cli_answers_offline_with_the_embedded_model(local_model, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "DSPY_CACHEDIR": str(tmp_path / "c")}
     run = subprocess.run([sys.executable, "-m", "trace_dspy.respond", "--show-stages", "I failed my driving test again."],
@@ -223,11 +224,8 @@ def test_truncation_warnings_are_dropped_unless_verbose(monkeypatch):
     setup_logging(False)
     assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "true"
 
-    # A handler of our own on DSPy's logger: what reaches it is what a user's handler would see, whatever
-    # pytest's log capture also hooks (DSPy's loggers may not propagate to the root logger).
+    # A handler of our own on DSPy's logger (what a user's handler would see).
     lm_log = logging.getLogger("dspy.clients.lm")
-    from test_lm_warnings import Collect
-
     seen = Collect()
     lm_log.addHandler(seen)
     level = lm_log.level

@@ -12,7 +12,7 @@ from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError, DataConfig, TracingConfig, check_tables
 from trace_dspy.workflows.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CODE = [p for d in ("trace_dspy", "signatures", "optimize") for p in (ROOT / d).rglob("*.py")
         if d != "trace_dspy" or p.relative_to(ROOT / d).parts[0] not in ("signatures", "optimize")]
 NAME = re.compile(r"TRACE_DSPY_[A-Z_]+")
@@ -20,7 +20,7 @@ NAME = re.compile(r"TRACE_DSPY_[A-Z_]+")
 
 def test_every_variable_is_listed_with_a_description():
     named = {m for p in CODE for m in NAME.findall(p.read_text())}
-    named |= {m for p in (ROOT / "tests").glob("*.py") for m in NAME.findall(p.read_text())}
+    named |= {m for p in (ROOT / "tests").rglob("*.py") for m in NAME.findall(p.read_text())}
     assert named - set(env.VARIABLES) == set()
     assert all(len(description) > 10 for description in env.VARIABLES.values())
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pexpect
 
-FAKE_CLI = Path(__file__).with_name("fake_cli.py")
+FAKE_CLI = Path(__file__).resolve().parents[1] / "fake_cli.py"
 # What any tqdm bar leaves in a stream: "50%|#####     | 1/2 [00:00<00:00, 3.1it/s]".
 BAR = re.compile(r"\d+%\||\d+/\d+ \[\d\d:\d\d|it/s\]|s/it\]")
 

@@ -105,3 +105,25 @@ def test_a_repeated_run_of_words_is_found_anywhere():
     text = "I'm so glad you got the job, and I'm so glad you got the job"
     assert text[:loop_start(text, run=4)] == "I'm so glad you got the job, and "
     assert loop_start("That sounds hard, how are you holding up?", run=4) is None
+
+
+@pytest.mark.parametrize(("text", "kept"), [
+    ("I am so proud of them. I am so proud of them.", "I am so proud of them."),
+    ("A beagle, a beagle, a beagle", "A beagle,"),
+    ("The dog was a dog. The cat sat. The dog was a dog.", "The dog was a dog. The cat sat."),
+    # The loop started mid-sentence: end on the sentence it interrupted.
+    ("It is a response to it. It is a response to it. It", "It is a response to it."),
+])
+def test_loop_start_finds_where_a_loop_starts(text, kept):
+    cut = loop_start(text)
+    assert cut is not None and text[:cut].strip() == kept
+
+
+@pytest.mark.parametrize("text", [
+    "That sounds hard, how are you holding up?",
+    "I am sorry. Sorry.",  # short sentences may echo
+    "Very very good news, well done!",
+    "",
+])
+def test_loop_start_leaves_ordinary_replies_alone(text):
+    assert loop_start(text) is None

@@ -120,6 +120,7 @@ def test_the_chat_reply_runs_unconstrained_and_plain_lms_never_see_the_keyword()
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_a_reworded_prompt_binds_the_embedded_model(local_model, monkeypatch):
     """On the real engine: the reworded prompt decodes under the signature's grammar, first time, to a label."""
     from trace_dspy.lm import engine as engine_module

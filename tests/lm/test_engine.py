@@ -1,94 +1,24 @@
-"""The embedded llama.cpp engine: grammars (no model needed) and real-model checks."""
+"""The embedded llama.cpp engine: its settings (no model needed) and real-model checks.
+
+The grammars it decodes under are tested in ``test_grammar.py``."""
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 import threading
-import time
 
 import dspy
 import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import CAUSE_CATEGORIES, EMOTIONS, STRATEGIES
-from trace_dspy.lm.adapters import CompactChatAdapter
 from trace_dspy.lm.engine import LlamaEngine
-from trace_dspy.lm.grammar import output_grammar, quotable_sentences
 from trace_dspy.lm.model_files import LocalModelError, default_model_path
 from trace_dspy.lm.models import loaded_model_count
 
-STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 DIALOGUE = ("Speaker: My dog Biscuit ran away yesterday. We searched the whole park.\n"
             "Listener: Oh no! Have you found him?\nSpeaker: Not yet. I keep checking the door.")
-
-
-def _system(stage: str, adapter=None) -> str:
-    program = TraceProgram()
-    return (adapter or dspy.ChatAdapter()).format(getattr(program, stage).signature, [], {})[0]["content"]
-
-
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("adapter", [dspy.ChatAdapter(), CompactChatAdapter(), dspy.JSONAdapter()],
-                         ids=["chat", "compact", "json"])
-def test_every_stage_prompt_gets_a_grammar(stage, adapter):
-    grammar = output_grammar(_system(stage, adapter))
-    assert grammar and grammar.startswith("root ::= ")
-    if stage == "recognize_emotion":
-        for label in EMOTIONS:
-            assert f'"{label}"' in grammar or f'\\"{label}\\"' in grammar
-
-
-def test_grammar_layout_and_limits():
-    grammar = output_grammar(_system("analyze_cause"), limits={"cause_summary": 50},
-                             quotes={"trigger_spans": ["It rained.", 'He said "no".']})
-    assert '"[[ ## trigger_spans ## ]]\\n"' in grammar
-    assert grammar.rstrip().endswith('"\\n\\n[[ ## completed ## ]]"')
-    assert "{0,49}" in grammar  # the cause_summary cap
-    assert json.dumps(json.dumps('He said "no".')) in grammar  # JSON-escaped, then GBNF-quoted
-    for category in CAUSE_CATEGORIES:
-        assert f'"{category}"' in grammar
-
-
-def test_unrecognised_prompts_run_unconstrained():
-    assert output_grammar("You are a helpful assistant.") is None
-    weird = _system("recognize_emotion").replace("Literal[", "dict[str, Literal[")
-    assert output_grammar(weird) is None
-
-
-def test_quotable_sentences_come_from_speaker_turns_only():
-    user = "[[ ## dialogue ## ]]\n" + DIALOGUE + "\n\n[[ ## emotion ## ]]\nsad"
-    assert quotable_sentences(user, "dialogue") == [
-        "My dog Biscuit ran away yesterday.", "We searched the whole park.", "Not yet.", "I keep checking the door.",
-    ]
-    assert quotable_sentences(user, "missing") == []
-
-
-@pytest.mark.parametrize(("text", "kept"), [
-    ("I am so proud of them. I am so proud of them.", "I am so proud of them."),
-    ("A beagle, a beagle, a beagle", "A beagle,"),
-    ("The dog was a dog. The cat sat. The dog was a dog.", "The dog was a dog. The cat sat."),
-    # The loop started mid-sentence: end on the sentence it interrupted.
-    ("It is a response to it. It is a response to it. It", "It is a response to it."),
-])
-def test_loop_start_finds_where_a_loop_starts(text, kept):
-    from trace_dspy.core.text import loop_start
-
-    cut = loop_start(text)
-    assert cut is not None and text[:cut].strip() == kept
-
-
-@pytest.mark.parametrize("text", [
-    "That sounds hard, how are you holding up?",
-    "I am sorry. Sorry.",  # short sentences may echo
-    "Very very good news, well done!",
-    "",
-])
-def test_loop_start_leaves_ordinary_replies_alone(text):
-    from trace_dspy.core.text import loop_start
-
-    assert loop_start(text) is None
 
 
 def test_the_guard_knows_which_field_is_being_written():
@@ -152,6 +82,7 @@ def smol(local_model):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_program_runs_on_the_embedded_model(smol):
     engine = smol.engine
     before = engine.stats.calls
@@ -170,6 +101,7 @@ def test_program_runs_on_the_embedded_model(smol):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_deterministic_thread_safe_and_loaded_once(smol):
     from trace_dspy.lm.specs import local_lm
 
@@ -200,6 +132,7 @@ def test_deterministic_thread_safe_and_loaded_once(smol):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
     from trace_dspy.lm.specs import local_lm
@@ -214,6 +147,7 @@ def test_answers_do_not_depend_on_call_order(local_model, prefix_cache):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
     from trace_dspy.lm.specs import local_lm
 
@@ -231,6 +165,7 @@ def test_dspy_cache_serves_repeats_without_the_engine(local_model, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
     """The top-token grammar check must pick exactly what full-vocabulary masking picks."""
     from trace_dspy.lm.specs import local_lm
@@ -253,6 +188,7 @@ def test_fast_greedy_gives_the_answers_of_llama_cpps_own_sampler(local_model):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_model):
     """Greedy SmolLM2 repeats "This is a very bad thing." until the length cap; the guard stops it."""
     from trace_dspy.core.text import loop_start
@@ -281,6 +217,7 @@ def test_the_loop_guard_cuts_a_looping_field_back_to_its_first_statement(local_m
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_repeated_sampled_calls_give_distinct_candidates_reproducibly(local_model):
     """Best-of-N sends the same request N times; a fixed seed would return one candidate N times."""
     from trace_dspy.lm.specs import local_lm
@@ -311,6 +248,7 @@ def test_sampled_calls_keep_only_likely_tokens_and_the_setting_names_the_lm():
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_min_p_reaches_llama_cpp(local_model):
     """With min-p near 1 only the top token survives, so a temperature-1.0 sample is the greedy answer."""
     from trace_dspy.lm.specs import local_lm
@@ -324,6 +262,7 @@ def test_min_p_reaches_llama_cpp(local_model):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
     """Best-of-N candidates share their whole prompt: the second one must not reset or restore the context."""
     from trace_dspy.lm import engine as engine_module
@@ -345,6 +284,7 @@ def test_a_repeated_sampled_prompt_is_read_once(local_model, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
     """Even candidates that contradict the message bind the embedded model: the grammar allows nothing else."""
     from trace_dspy.core.config import ProgramConfig
@@ -363,6 +303,7 @@ def test_constrained_decoding_keeps_to_the_priors_candidates(smol):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_a_last_assistant_message_is_continued_as_a_prefill(local_model):
     """The scaffolded reply begins the answer itself; the engine must go on from that text, as llama.cpp's
     server does, and return only what the model added."""
@@ -381,36 +322,3 @@ def test_a_last_assistant_message_is_continued_as_a_prefill(local_model):
                                             stop=list(model.formatter(messages=chat).stop))
     assert continued == raw["choices"][0]["text"]
     assert continued.strip() and not continued.lstrip().startswith("You must")
-
-
-def test_label_sets_are_parsed_once_and_never_by_two_threads_at_once(monkeypatch):
-    """CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" in a threaded
-    run): grammars parse each Literal type once, under a lock."""
-    from trace_dspy.lm import grammar
-
-    monkeypatch.setattr(grammar, "_LITERALS", {})
-    inside, overlaps, calls = [0], [0], [0]
-    real = grammar.ast.literal_eval
-
-    def counting(text):
-        calls[0] += 1
-        inside[0] += 1
-        overlaps[0] += inside[0] > 1
-        try:
-            time.sleep(0.001)
-            return real(text)
-        finally:
-            inside[0] -= 1
-
-    monkeypatch.setattr(grammar.ast, "literal_eval", counting)
-    types = [f"Literal['a{i}', 'b{i}']" for i in range(20)]
-    threads = [threading.Thread(target=lambda: [grammar.field_from_type("f", t) for t in types])
-               for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert overlaps[0] == 0
-    assert calls[0] == len(types)
-    field = grammar.field_from_type("f", "Literal['x', 'y']")
-    assert grammar._value_rule(field, False, 10, None, choices=["y"]) == '("y")'

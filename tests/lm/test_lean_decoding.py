@@ -143,6 +143,7 @@ def test_the_thread_policy_is_a_checked_setting_recorded_with_the_lm():
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_jump_forward_reads_fewer_passes_and_keeps_the_layout(local_model):
     """Forced text read in batches: the same fields parse, the quotes are the speaker's, and the model made
     fewer single-token passes than when it wrote every token itself."""
@@ -165,6 +166,7 @@ def test_jump_forward_reads_fewer_passes_and_keeps_the_layout(local_model):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_a_reply_call_ends_after_its_sentence_with_the_same_words(local_model):
     """Stopping after the first sentence gives the first sentence of the call that ran to its token cap:
     greedy and sampled alike (the same seed draws the same tokens)."""
@@ -186,6 +188,7 @@ def test_a_reply_call_ends_after_its_sentence_with_the_same_words(local_model):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_a_state_saved_on_disk_gives_the_tokens_of_a_fresh_read(local_model, tmp_path, monkeypatch):
     """The state after a stage's instructions, written by one process and read by the next, continues
     exactly as reading the instructions again does."""
@@ -242,6 +245,7 @@ def test_the_attention_kernel_is_a_recorded_setting_and_keeps_its_own_saved_stat
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_a_continuation_from_the_shared_conversation_state_matches_a_fresh_read(local_model):
     """Calls that continue different prefills of one conversation restore the state after the conversation;
     each gives the tokens it gives when it is the first call of a fresh state table."""

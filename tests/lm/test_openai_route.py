@@ -71,6 +71,7 @@ def llama_server(local_model, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_program_runs_through_the_openai_route(llama_server, monkeypatch):
     monkeypatch.setenv("TRACE_SERVER_KEY", "sk-local-test")
     lm = build_lm(LMSpec(model="openai/smollm2", api_base=llama_server, api_key_env="TRACE_SERVER_KEY",
@@ -87,6 +88,7 @@ def test_program_runs_through_the_openai_route(llama_server, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_plain_openai_lm_reaches_the_server(llama_server, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test")
     lm = build_lm(LMSpec(model="openai/smollm2", api_base=llama_server, cache=False, max_tokens=8))

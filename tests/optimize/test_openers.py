@@ -9,8 +9,7 @@ import pytest
 from conftest import offline_workdir
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.core.config import ConfigError
-from trace_dspy.core.openers import SCAFFOLD_OPENERS, TONED_OPENERS, check_openers, emotion_valence
+from trace_dspy.core.openers import TONED_OPENERS, check_openers, emotion_valence
 from trace_dspy.optimize.openers import fit_openers, rank_openers
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.program.pipeline import stage_signature
@@ -195,28 +194,3 @@ def test_the_compile_saves_the_fitted_openers_and_loading_restores_them(fake_mod
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="reply_openers"):
         trace_dspy.load("trace-dspy@v1")
-
-
-def test_opener_variety_spreads_messages_over_the_best_openers_and_is_stable():
-    from trace_dspy.program.reply_text import opener_offset, scaffold_openers
-    from trace_dspy.program.reply_variety import RecentOpenings
-
-    plan = {"strategy": "ER", "secondary_strategy": "EX"}
-    messages = [f"Speaker: Something happened to me on day {i}." for i in range(40)]
-    # With a history that stays empty (each message the first of its batch), the message's place decides.
-    firsts = [scaffold_openers({**plan, "dialogue": m}, 0, variety=3, recent=RecentOpenings())[0] for m in messages]
-    assert set(firsts) == set(SCAFFOLD_OPENERS["ER"][:3])  # every one of the best three is used
-    assert max(firsts.count(o) for o in set(firsts)) < 25  # and none takes most of them
-    # The same message always gets the same opener (no per-process salt), and variety 1 is the best one.
-    assert [opener_offset({"dialogue": m}, "ER", 3) for m in messages] == \
-        [opener_offset({"dialogue": m}, "ER", 3) for m in messages]
-    assert {scaffold_openers({**plan, "dialogue": m}, 0, variety=1)[0] for m in messages} == {"That sounds"}
-    # Further candidates go on from the dialogue's opener, so they differ from the first.
-    for m in messages[:5]:
-        first, second = (scaffold_openers({**plan, "dialogue": m}, c, variety=3, recent=RecentOpenings())[0]
-                         for c in (0, 1))
-        assert first != second
-    # Without a history (evaluations, compiles) the acknowledgement is the best opener, whatever the variety.
-    assert {scaffold_openers({**plan, "dialogue": m}, 0, variety=3)[0] for m in messages} == {"That sounds"}
-    with pytest.raises(ConfigError, match="opener_variety"):
-        ProgramConfig(opener_variety=0)

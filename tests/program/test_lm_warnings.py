@@ -6,6 +6,7 @@ import logging
 
 import dspy
 import pytest
+from conftest import Collect
 
 import trace_dspy
 from trace_dspy import TraceProgram
@@ -13,17 +14,6 @@ from trace_dspy.program.lm_warnings import show_truncation_warnings
 from trace_dspy.testing.fakes import fake_lm
 
 TRUNCATED = "LM response was truncated due to exceeding max_tokens=120."
-
-
-class Collect(logging.Handler):
-    """A handler of our own on DSPy's LM logger: what reaches it is what a user's handler would see."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from trace_dspy.program.emotion_prior import (
 from trace_dspy.testing.fakes import fake_lm
 from trace_dspy.workflows import prior as prior_choice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write(path: Path, text: str) -> Path:

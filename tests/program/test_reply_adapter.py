@@ -1,4 +1,5 @@
-"""The chat-native reply layout: the conversation as chat turns, the reply as the plain answer."""
+"""The chat-native reply layout (program.reply_adapter): the conversation as chat turns, the reply as the plain
+answer, the scaffolded reply, and the program's choice of layout. The text helpers: test_reply_text.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
 from trace_dspy.program.pipeline import stage_signature
 from trace_dspy.program.reply_adapter import ChatReplyAdapter
-from trace_dspy.program.reply_text import clean_reply, plan_in_words, question_clause
+from trace_dspy.program.reply_text import question_clause
 from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = "Speaker: I lost my wallet on the bus.\nListener: Oh no, did you report it?\nSpeaker: Yes, but nobody handed it in."
@@ -43,26 +44,6 @@ def test_compiled_instructions_replace_the_stock_lead():
     assert ChatReplyAdapter().format(compiled, [], reply_inputs())[0]["content"].startswith("Be brief and kind")
     stock = ChatReplyAdapter().format(signature, [], reply_inputs())[0]["content"]
     assert "[[" not in stock and "exemplars" not in stock
-
-
-def test_a_same_mechanism_plan_is_asked_once():
-    assert plan_in_words({"strategy": "EX", "secondary_strategy": "EX"}).count("question") == 1
-    assert plan_in_words({}) == ""
-
-
-@pytest.mark.parametrize(("raw", "clean"), [
-    ("Listener: That sounds awful. Did anyone help you?", "That sounds awful. Did anyone help you?"),
-    ('"I am sorry." \nSpeaker: thanks', "I am sorry."),
-    ("I am so sorry. I am so sorry. I am so sorry. I am", "I am so sorry."),
-    ("One. Two! Three? Four.", "One. Two!"),
-    ("That is hard. That is hard. Are you okay?", "That is hard. Are you okay?"),
-    # A clause said again inside the sentence: the repeat and its joiner go, the sentence ends cleanly.
-    ("I'm so glad you got the job, and I'm so glad you got the job!", "I'm so glad you got the job."),
-    ("You must be so proud of yourself, you must be so proud!", "You must be so proud of yourself."),
-    ("That sounds awful. I am sorry, that sounds awful.", "That sounds awful. I am sorry, that sounds awful."),
-])
-def test_clean_reply(raw, clean):
-    assert clean_reply(raw) == clean
 
 
 def test_other_stages_keep_the_field_layout():
@@ -118,7 +99,7 @@ def test_artifacts_saved_before_the_option_keep_the_field_layout(tmp_path):
 
     import trace_dspy
 
-    shipped = Path(__file__).resolve().parents[1] / "artifacts" / "trace-dspy" / "v0001"
+    shipped = Path(__file__).resolve().parents[2] / "artifacts" / "trace-dspy" / "v0001"
     folder = tmp_path / "v0001"
     shutil.copytree(shipped, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
@@ -170,34 +151,7 @@ def test_reply_exemplars_config_and_old_artifacts(tmp_path):
     assert trace_dspy.load(str(folder), attach_lms=False).config.reply_exemplars is False
 
 
-@pytest.mark.parametrize(("raw", "prose"), [
-    ("i 'm so sorry . what was the dog 's name ?", "I'm so sorry. What was the dog's name?"),
-    ("me neither , but i really did n't think so !", "Me neither, but I really didn't think so!"),
-    ("I ca n't believe it. wow", "I can't believe it. Wow"),
-    ("Is it in Hawaii? That sounds lovely.", "Is it in Hawaii? That sounds lovely."),
-])
-def test_tidy_text(raw, prose):
-    from trace_dspy.program.reply_text import tidy_text
-
-    assert tidy_text(raw) == prose
-
-
 # ---------------------------------------------------------------- the scaffolded reply
-
-
-@pytest.mark.parametrize(("plan", "candidate", "openers"), [
-    (("EX", "ER"), 0, ["That sounds", "How are you feeling"]),  # the question goes last
-    (("IP", "EX"), 0, ["You must be feeling", "How are you feeling"]),
-    (("ER", "IP"), 1, ["Oh, that is", "I can imagine how"]),  # a further candidate: the next openers
-    (("IP", "IP"), 0, ["You must be feeling", "I can imagine how"]),  # one mechanism: two of its sentences
-    (("EX", "EX"), 0, ["That sounds", "How are you feeling"]),  # questions only: acknowledge first
-    ((None, None), 2, ["Oh, wow", "How are you"]),  # no plan (strategy stage off)
-    (("ER", "EX"), 3, ["That sounds", "How are you feeling"]),  # the openers come round again
-])
-def test_scaffold_openers_follow_the_plan(plan, candidate, openers):
-    from trace_dspy.program.reply_text import scaffold_openers
-
-    assert scaffold_openers({"strategy": plan[0], "secondary_strategy": plan[1]}, candidate) == openers
 
 
 def _continuing(prefills: list):
@@ -326,19 +280,6 @@ def test_auto_picks_the_scaffold_for_a_constrained_model():
     constrained = GrammarLM.__new__(GrammarLM)
     assert TraceProgram().reply_format(constrained) == "scaffold"
     assert TraceProgram(ProgramConfig(reply_format="chat")).reply_format(constrained) == "chat"
-
-
-@pytest.mark.parametrize(("text", "opener", "sentence"), [
-    ("That sounds awful. And then", "That sounds", "That sounds awful."),
-    ("It must be hard for him, it is a lot to take care of, and it is hard to be a", "It must be",
-     "It must be hard for him."),  # cut off by the token limit: up to its first comma
-    ("Oh, that is a lot to carry for one", "Oh, that is", "Oh, that is a lot to carry for one."),  # no comma after
-    ("You must be feeling proud, right? Anyway", "You must be feeling", "You must be feeling proud, right?"),
-])
-def test_first_sentence(text, opener, sentence):
-    from trace_dspy.program.reply_text import first_sentence
-
-    assert first_sentence(text, opener) == sentence
 
 
 def test_when_the_model_goes_on_from_no_opener_the_reply_is_asked_for_whole():

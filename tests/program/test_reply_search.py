@@ -1,4 +1,5 @@
-"""Best-of-N replies: dspy.BestOfN around the reply stage, rewarded by the reference-free metric."""
+"""How the reply is chosen (program.reply_search): Best-of-N candidates rewarded by the reference-free metric,
+and the race between reply plans."""
 
 from __future__ import annotations
 
@@ -153,3 +154,32 @@ def test_sampling_starts_at_the_best_plan_and_keeps_the_best_candidate_found():
     pred, written = race(firsts, samples, threshold=0.8)
     assert len(written) == 3 * len(set(firsts))
     assert pred.response == "ER+ER reply 1" and max(pred.reply_rewards) == 0.55
+
+
+@pytest.mark.slow
+def test_the_shipped_reward_prefers_a_reply_about_the_speaker():
+    """The reply reward with the shipped heads (no LM): replies that are not about the speaker's situation, or
+    that speak as the speaker, lose to plain ones that are."""
+    program = TraceProgram()
+
+    def reward(message: str, reply: str) -> float:
+        inputs = {"dialogue": f"Speaker: {message}", "emotion": "sad", "strategy": "ER", "secondary_strategy": "EX",
+                  "exemplars": []}
+        return program.reply_reward(inputs, dspy.Prediction(response=reply))
+
+    dog = "My dog died yesterday."
+    assert reward(dog, "Howdy there! What's your dog's name?") < reward(
+        dog, "I'm so sorry to hear that. How are you holding up?")
+    birthday = "Everyone forgot my birthday."
+    assert reward(birthday, "That sounds like a joke, but it's actually a story about a guy who lost his birthday.") \
+        < reward(birthday, "Oh no, that's awful. How are you feeling about your birthday?")
+    flight = "My flight home for the holidays got delayed by two days."
+    assert reward(flight, "That's awful news about your flight home. How are you feeling about your brother's "
+                          "wedding?") == 0.0
+    assert reward(flight, "That's awful news about your flight home. How are you holding up?") > 0.1
+    barking = "My neighbor's dog keeps barking all night and I can't sleep."
+    assert reward(barking, "Oh no, I'm sorry about that. How are you feeling about your dog?") == 0.0
+    assert reward(barking, "Oh no, I'm sorry about that. How are you sleeping?") > 0.1
+    son = "My son took his first steps today!"
+    assert reward(son, "Oh, that is so beautiful, and I'm so proud of you, my son.") == 0.0
+    assert reward(son, "That's wonderful news! How did he do it?") > 0.1

@@ -73,3 +73,24 @@ def test_copies_start_without_a_history():
     program = TraceProgram().remember_openings()
     program.recent_openings.add("That sounds fine.")
     assert program.deepcopy().recent_openings is None and len(program.recent_openings) == 1
+
+
+def test_best_of_n_samples_stand_by_the_penalty_too():
+    from trace_dspy.program.reply_variety import RecentOpenings as History
+
+    replies = iter(["That sounds hard. How are you?", "That sounds bad. How are you?", "Oh no. How are you?"])
+
+    def writer(outputs, inputs):
+        return {"response": next(replies)} if "response" in outputs else {}
+
+    lm, _ = fake_lm(writer, strategy="ER", secondary_strategy="EX")
+    program = TraceProgram(ProgramConfig(prior_k=0, best_of=3, best_of_threshold=1.0, variety_penalty=0.2))
+    program.recent_openings = History(4)
+    for said in ("That sounds fine.", "That sounds long."):
+        program.recent_openings.add(said)
+    program.reward_fn = lambda inputs, pred: 0.55 if pred.response.startswith("That") else 0.5
+    with dspy.context(lm=lm):
+        kept = program(dialogue="Speaker: my exam went badly.")
+    # Both "That sounds" samples score 0.55 but stand at 0.55 - 0.2 * 2/2 = 0.35; "Oh no" stands at 0.5.
+    assert kept.response == "Oh no. How are you?"
+    assert kept.reply_rewards == [0.55, 0.55, 0.5]

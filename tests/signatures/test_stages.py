@@ -13,7 +13,7 @@ from trace_dspy.core import stages
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.core.stages import REGISTRY, STAGES, Stage
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def registry_problems(registry: tuple[Stage, ...], module) -> list[str]:

@@ -1,55 +1,32 @@
-"""The compile workflow, artifacts, the registry and every load reference, with fake LMs."""
+"""The compile workflow with fake LMs: its config, the champion rule in a run, and every load reference.
+
+Artifacts, the registry and the optimizers on their own: tests/store/test_artifacts.py,
+tests/store/test_registry.py, tests/optimize/test_optimizers.py."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import warnings
 
-import dspy
 import pytest
-from trace_dspy.optimize.metric import EmpathyMetric
-from trace_dspy.optimize.optimizers import OPTIMIZERS, OptimizerConfig, compile_program
+from conftest import compile_reply, offline_workdir
 
 import trace_dspy
 import trace_dspy.lm.specs as lms_module
-from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.cli.compile import config_from_args, main
 from trace_dspy.core.config import ConfigError
-from trace_dspy.store.artifacts import (
-    ArtifactError,
-    save_artifact,
-    versions,
-)
-from trace_dspy.store.registry import champion, promote_if_better, register_version
+from trace_dspy.optimize.optimizers import OptimizerConfig
+from trace_dspy.store.artifacts import ArtifactError, versions
 from trace_dspy.testing.fakes import fake_lm
-from conftest import offline_workdir
 from trace_dspy.workflows.compile import run_compile
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 
 
-def reply_for(outputs, inputs):
-    if "response" in outputs:
-        # Distinct per dialogue, so that the collapse check stays quiet.
-        words = inputs["dialogue"].split()[-3:]
-        return {"response": f"Losing that at the beach sounds awful; {' '.join(words)} how are you holding up?"}
-    if "emotion" in outputs and "dialogue" in inputs:  # right on some, wrong on others
-        return {"emotion": "sad" if len(inputs["dialogue"]) % 2 else "joyful"}
-    return {}
-
-
 @pytest.fixture
 def fake_models(monkeypatch, tmp_path):
-    lm, engine = fake_lm(reply_for, new_instruction="Be warm and specific.")
+    lm, engine = fake_lm(compile_reply, new_instruction="Be warm and specific.")
     offline_workdir(tmp_path, monkeypatch, lm)
     return engine
-
-
-def trainset(n=6):
-    return [dspy.Example(dialogue=f"Speaker: I lost my ring at the beach, day {i}.", emotion="sad",
-                         response="Oh no, that ring meant a lot. Did you find it?", sample_id=f"t{i}")
-            .with_inputs("dialogue") for i in range(n)]
 
 
 # ---------------------------------------------------------------- config
@@ -92,161 +69,7 @@ def test_the_parsed_config_drives_the_run(fake_models, tmp_path):
     assert m["mlflow"]["run_id"] is None and m["config"]["data"]["seed"] == 2
 
 
-# ---------------------------------------------------------------- optimizers
-
-
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_each_optimizer_compiles_with_a_tiny_budget(name):
-    if name == "mipro":
-        pytest.importorskip("optuna")
-    lm, _ = fake_lm(reply_for, new_instruction="Be warm and specific.", proposed_instruction="Be warm.")
-    response_lm, response_engine = fake_lm(reply_for)
-    program = TraceProgram(stage_lms={"generate_response": response_lm})
-    cfg = OptimizerConfig(name=name, max_bootstrapped_demos=1, max_labeled_demos=1, mipro_candidates=2,
-                          mipro_trials=2, gepa_max_metric_calls=16, gepa_minibatch=2, simba_steps=1,
-                          simba_candidates=2, simba_bsize=2)
-    with dspy.context(lm=lm):
-        compiled = compile_program(cfg, program, EmpathyMetric(embedder=None), trainset(), trainset(3),
-                                   prompt_lm=lm)
-        assert isinstance(compiled, TraceProgram)
-        assert [n for n, _ in compiled.named_predictors()] == STAGES
-        response_engine.calls.clear()
-        assert compiled(dialogue="My cat is missing.").response
-    # The stage LM survived compiling: every reply call (one per plan the program writes for) went to it.
-    assert set(response_engine.stage_order()) == {"generate_response"}
-    assert compiled.reply_plans == compiled.deepcopy().reply_plans  # the fitted plans survive copies too
-
-
-def test_gepa_without_a_reflection_lm_is_a_clear_error():
-    with pytest.raises(ConfigError, match="reflection LM"):
-        compile_program(OptimizerConfig(name="gepa"), TraceProgram(), EmpathyMetric(embedder=None), trainset(),
-                        trainset(2), prompt_lm=None)
-
-
-# ---------------------------------------------------------------- artifacts
-
-
-def _save(root, name="a", program=None):
-    return save_artifact(program or TraceProgram(), {"config": {"program": ProgramConfig().to_dict()}},
-                         name=name, root=root)
-
-
-def _save_many(root, count):
-    for _ in range(count):
-        _save(root)
-
-
-def test_versions_are_gap_free_and_concurrent_writers_never_collide(tmp_path):
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_save_many, args=(tmp_path, 5)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert all(p.exitcode == 0 for p in procs)
-    assert versions("a", tmp_path) == list(range(1, 16))
-    numbers = sorted(json.loads((tmp_path / f"a/v{v:04d}/manifest.json").read_text())["version"] for v in range(1, 16))
-    assert numbers == list(range(1, 16))
-    assert not list((tmp_path / "a").glob(".tmp-*"))
-
-
-def test_a_failed_or_killed_write_leaves_no_version(tmp_path):
-    with pytest.raises(FileNotFoundError):
-        save_artifact(TraceProgram(), {"config": {}}, name="a", root=tmp_path,
-                      extra_files={"x.jsonl": tmp_path / "missing.jsonl"})
-    assert versions("a", tmp_path) == [] and not list((tmp_path / "a").glob(".tmp-*"))
-    # A writer killed with -9 leaves its private folder behind; it is never a version,
-    # and the next save removes it.
-    stale = tmp_path / "a" / ".tmp-999999999-dead"
-    stale.mkdir()
-    (stale / "program.json").write_text("{")
-    assert versions("a", tmp_path) == []
-    _save(tmp_path)
-    assert versions("a", tmp_path) == [1] and not stale.exists()
-
-
-def test_round_trip_gives_exactly_the_compiled_outputs(tmp_path):
-    lm, _ = fake_lm(reply_for)
-    with dspy.context(lm=lm):
-        compiled = dspy.BootstrapFewShot(metric=lambda e, p, trace=None: True, max_bootstrapped_demos=2,
-                                         max_labeled_demos=1).compile(TraceProgram(), trainset=trainset())
-        compiled.generate_response.signature = compiled.generate_response.signature.with_instructions("Be kind.")
-    folder = save_artifact(compiled, {"config": {"program": ProgramConfig().to_dict(), "lm": {}}}, root=tmp_path)
-    loaded = trace_dspy.load(str(folder), attach_lms=False)
-    probe_lm, probe = fake_lm(reply_for)
-    outputs = []
-    for program in (compiled, loaded):
-        probe.calls.clear()
-        with dspy.context(lm=probe_lm):
-            outputs.append(program(dialogue="My ring slipped into the sea.").toDict())
-        outputs.append([(c.instructions, c.inputs) for c in probe.calls])
-    assert outputs[0] == outputs[2] and outputs[1] == outputs[3]  # same outputs, same prompts
-    assert loaded.generate_response.signature.instructions == "Be kind."
-
-
-@pytest.mark.parametrize(("damage", "message"), [
-    (lambda f: (f / "program.json").write_text('{"recognize_emotion": '), "damaged or truncated"),
-    (lambda f: (f / "manifest.json").write_text("{"), "damaged or truncated"),
-    (lambda f: (f / "manifest.json").unlink(), "manifest.json is missing"),
-    (lambda f: _edit(f, "manifest.json", schema_version=99), "schema version 99"),
-    (lambda f: _edit(f, "manifest.json", drop="predictors"), "missing predictors"),
-    (lambda f: _rename_predictor(f), "do not match"),
-])
-def test_tampered_artifacts_give_clear_errors(tmp_path, damage, message):
-    folder = _save(tmp_path)
-    damage(folder)
-    with pytest.raises(ArtifactError, match=message):
-        trace_dspy.load(str(folder))
-
-
-def _edit(folder, name, drop=None, **changes):
-    data = json.loads((folder / name).read_text())
-    data.update(changes)
-    if drop:
-        data.pop(drop)
-    (folder / name).write_text(json.dumps(data))
-
-
-def _rename_predictor(folder):
-    data = json.loads((folder / "program.json").read_text())
-    data["respond"] = data.pop("generate_response")
-    (folder / "program.json").write_text(json.dumps(data))
-
-
-def test_dspy_version_drift_warns(tmp_path):
-    folder = _save(tmp_path)
-    _edit(folder, "manifest.json", packages={"dspy": "0.0.1"})
-    with pytest.warns(UserWarning, match="compiled with dspy 0.0.1"):
-        trace_dspy.load(str(folder))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        trace_dspy.load(str(_save(tmp_path)))  # same version: no warning
-
-
-def test_loading_never_unpickles(tmp_path):
-    folder = _save(tmp_path)
-    (folder / "program.pkl").write_bytes(b"\x80\x04not a real pickle")
-    assert trace_dspy.load(str(folder / "program.json"))  # the pickle is never touched
-
-
-# ---------------------------------------------------------------- registry and references
-
-
-def test_champion_moves_only_on_a_strictly_better_score(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(experiment_id=mlflow.create_experiment("champion")) as run:
-        versions_ = [register_version(run.info.run_id, run.info.artifact_uri, s, tracking_uri=uri)
-                     for s in (0.5, 0.4, 0.5, 0.50001)]
-    assert versions_ == [1, 2, 3, 4]
-    assert promote_if_better(1, 0.5, tracking_uri=uri) is True
-    assert promote_if_better(2, 0.4, tracking_uri=uri) is False
-    assert promote_if_better(3, 0.5, tracking_uri=uri) is False  # a tie does not move it
-    assert champion(tracking_uri=uri) == (1, 0.5)
-    assert promote_if_better(4, 0.50001, tracking_uri=uri) is True
-    assert champion(tracking_uri=uri) == (4, 0.50001)
+# ---------------------------------------------------------------- the champion and every reference
 
 
 def test_a_collapsed_program_never_becomes_champion(fake_models, tmp_path, monkeypatch, capsys):
@@ -321,7 +144,7 @@ def test_compile_twice_then_every_reference_form(fake_models, tmp_path, capsys):
         with pytest.raises(ArtifactError):
             trace_dspy.load(bad)
     # The loaded program answers.
-    lm, _ = fake_lm(reply_for)
+    lm, _ = fake_lm(compile_reply)
     loaded = trace_dspy.load("trace-dspy@latest")  # LMs rebuilt from the manifest (faked here)
     assert set(STAGES) <= set(loaded.stage_lms)
     assert loaded(dialogue="I lost my ring.").response

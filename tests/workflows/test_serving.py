@@ -18,7 +18,7 @@ from trace_dspy.testing.server import FakeChatServer
 from trace_dspy.workflows import serving
 from trace_dspy.workflows.serving import OUTPUT_COLUMNS, lm_config_from_env, required_extras
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PICKLE_SUFFIXES = (".pkl", ".pickle", ".cloudpickle", ".joblib")
 
 
@@ -176,6 +176,7 @@ def test_mlflow_models_serve_answers_invocations(compiled, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.embedded
 def test_the_shipped_artifact_runs_as_a_pyfunc_on_the_embedded_model(tmp_path, monkeypatch):
     """The real embedded model behind MLflow's loader: one everyday message, a sensible-looking row."""
     import mlflow

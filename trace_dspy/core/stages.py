@@ -1,7 +1,7 @@
 """The one stage registry: every list of stage names, and every per-stage table, derives from ``REGISTRY``.
 
 A new stage is one ``Stage`` row here plus its signature class in ``signatures/stages.py`` (named by
-``Stage.signature``); ``tests/test_stages.py`` fails when either half is missing or the two disagree.
+``Stage.signature``); ``tests/signatures/test_stages.py`` fails when either half is missing or the two disagree.
 """
 
 from __future__ import annotations

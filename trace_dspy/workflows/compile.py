@@ -149,7 +149,7 @@ def run_compile(cfg: CompileConfig) -> CompileResult:
         _log("4/4 saving, logging and registering")
         # The order keeps every crash point consistent: the artifact is complete before MLflow hears of
         # it, the run holds its files before a registry version points at them, and only a registered
-        # version can become champion. (tests/test_compile_order.py kills the command between the steps.)
+        # version can become champion. (tests/workflows/test_compile_order.py kills the command between the steps.)
         with heartbeat("saving and logging") as phase:
             phase.note("saving the artifact")
             folder, manifest = _persist(cfg, prep, evaluated, tmp, run)
