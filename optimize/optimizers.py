@@ -98,6 +98,28 @@ class OptimizerConfig:
 Compiler = Callable[..., dspy.Module]
 
 
+@dataclass(frozen=True)
+class FitRecords:
+    """The manifest records of what a compile fitted before optimizing (None: not fitted).
+
+    ``reply_openers``: the openers' fit (trace_dspy.optimize.openers); ``reply_plans`` and
+    ``first_plan``: the plans' fit and its first-plan race (trace_dspy.optimize.plans). The
+    artifact writes them with the fitted parts they describe.
+    """
+
+    reply_openers: dict[str, Any] | None = None
+    reply_plans: dict[str, Any] | None = None
+    first_plan: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CompiledProgram:
+    """What :func:`compile_program` returns: the compiled program, and the records of its fits apart from it."""
+
+    program: dspy.Module
+    fits: FitRecords = FitRecords()
+
+
 def _labeled(cfg, program, metric, trainset, valset, prompt_lm):
     return dspy.LabeledFewShot(k=cfg.max_labeled_demos).compile(program, trainset=trainset, sample=True)
 
@@ -205,19 +227,20 @@ def _scaffolded(program) -> bool:
 
 def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset: Sequence[dspy.Example],
                     valset: Sequence[dspy.Example], *, prompt_lm: dspy.LM | None = None,
-                    log: Callable[[str], None] | None = None) -> dspy.Module:
+                    log: Callable[[str], None] | None = None) -> CompiledProgram:
     """Compile ``program`` with the configured optimizer; the program's stage LMs carry over.
 
     With ``opener_items`` > 0 and a program that writes scaffolded replies, the
     openers are fitted first (on that many training dialogues; see
     trace_dspy.optimize.openers) and the optimizer compiles the program that
-    has them. The result then carries ``reply_openers`` and ``opener_fit`` (the
-    record for the manifest). A program whose reply is not scaffolded keeps
-    its layout, and ``log`` says that no openers were fitted.
+    has them. The compiled program then carries ``reply_openers``, and the
+    result's ``fits`` the record of their fit (for the manifest). A program
+    whose reply is not scaffolded keeps its layout, and ``log`` says that no
+    openers were fitted.
 
     With ``plan_items`` > 0 the further reply plans are chosen next, on that
-    many training dialogues (trace_dspy.optimize.plans); the result carries
-    ``reply_plans`` and ``plan_fit``, and ``first_plan`` and ``first_plan_fit``.
+    many training dialogues (trace_dspy.optimize.plans); the compiled program
+    carries ``reply_plans`` and ``first_plan``, and ``fits`` their records.
     """
     if not trainset:
         raise ConfigError("the training set is empty")
@@ -246,14 +269,14 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
         compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
     if fit is not None:  # an optimizer that rebuilds the program must not lose them
         compiled.reply_openers = fit.openers
-        compiled.opener_fit = fit.record()
     if plan_fit is not None:
         compiled.reply_plans = plan_fit.plans
         compiled.first_plan = plan_fit.first_plan
-        compiled.plan_fit = plan_fit.record()
-        compiled.first_plan_fit = plan_fit.first_plan_record()
     # Optimizers reset predictor LMs; TraceProgram keeps stage LMs outside its predictors,
     # but a foreign module may not: put them back if the copy lost them.
     if hasattr(program, "stage_lms") and hasattr(compiled, "set_stage_lms") and not compiled.stage_lms:
         compiled.set_stage_lms(program.stage_lms)
-    return compiled
+    return CompiledProgram(compiled, FitRecords(
+        reply_openers=fit.record() if fit is not None else None,
+        reply_plans=plan_fit.record() if plan_fit is not None else None,
+        first_plan=plan_fit.first_plan_record() if plan_fit is not None else None))

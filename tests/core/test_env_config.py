@@ -81,6 +81,6 @@ def test_compile_sizes_come_from_flags_then_the_data_table_then_the_defaults(tmp
     config = tmp_path / "c.toml"
     config.write_text('[data]\ntrain = 5\n[optimizer]\nseed = 7\nmax_labeled_demos = 3\n')
     cfg = config_from_args(["--config", str(config), "--dev", "2", "--max-labeled", "4"])
-    assert (cfg.train, cfg.dev, cfg.val) == (5, 2, DataConfig.val)
+    assert (cfg.data.train, cfg.data.dev, cfg.data.val) == (5, 2, DataConfig.val)
     assert (cfg.optimizer.seed, cfg.optimizer.max_labeled_demos) == (7, 4)
     assert config_from_args([]).optimizer.seed == 0

@@ -140,17 +140,19 @@ def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
     lm, _ = fake_lm(writer(), strategy="ER", secondary_strategy="EX")
     metric = prefers("Wow, that", "I'm so sorry")
     with dspy.context(lm=lm):
-        compiled = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
-                                   scaffolded_program(opener_variety=1), metric, examples(2, 2), [])
+        result = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
+                                 scaffolded_program(opener_variety=1), metric, examples(2, 2), [])
+        compiled = result.program
         assert compiled.reply_openers["negative"]["ER"][0] == "I'm so sorry"
-        assert compiled.opener_fit["items"] == 4
+        assert result.fits.reply_openers["items"] == 4
         off = compile_program(OptimizerConfig(name="labeled", plan_items=0), scaffolded_program(), metric,  # off
                               examples(2, 2), [])
         said: list = []
         fields = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
                                  TraceProgram(ProgramConfig(reply_format="chat")),
                                  metric, examples(2, 2), [], log=said.append)
-    assert off.reply_openers is None and fields.reply_openers is None
+    assert off.program.reply_openers is None and fields.program.reply_openers is None
+    assert off.fits.reply_openers is None and fields.fits.reply_openers is None
     assert said == ["openers: not fitted: the reply stage is not scaffolded for this LM (reply_format scaffold, "
                     "or auto with the embedded model)"]
     # The compiled program writes with them: a reply to bad news opens with the fitted opener.

@@ -27,7 +27,7 @@ def test_each_optimizer_compiles_with_a_tiny_budget(name):
                           simba_candidates=2, simba_bsize=2)
     with dspy.context(lm=lm):
         compiled = compile_program(cfg, program, EmpathyMetric(embedder=None), ring_trainset(), ring_trainset(3),
-                                   prompt_lm=lm)
+                                   prompt_lm=lm).program
         assert isinstance(compiled, TraceProgram)
         assert [n for n, _ in compiled.named_predictors()] == STAGES
         response_engine.calls.clear()

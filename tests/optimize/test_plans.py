@@ -143,12 +143,13 @@ def test_compile_program_chooses_plans_only_when_asked():
     metric = prefers("EX+EX")
     said: list = []
     with dspy.context(lm=lm):
-        compiled = compile_program(OptimizerConfig(name="labeled", plan_items=4), prog, metric, examples(), [],
-                                   log=said.append)
+        result = compile_program(OptimizerConfig(name="labeled", plan_items=4), prog, metric, examples(), [],
+                                 log=said.append)
         off = compile_program(OptimizerConfig(name="labeled", plan_items=0), prog, metric, examples(), [])
+        compiled = result.program
         assert compiled(dialogue="Speaker: my exam went badly.").response == "A reply for EX+EX."
-    assert compiled.reply_plans == (("EX", "EX"),) and compiled.plan_fit["items"] == 4
-    assert off.reply_plans == () and not hasattr(off, "plan_fit")
+    assert compiled.reply_plans == (("EX", "EX"),) and result.fits.reply_plans["items"] == 4
+    assert off.program.reply_plans == () and off.fits.reply_plans is None
     assert said[0] == "plans: writing replies for 6 plans on 4 training dialogues"
     assert OptimizerConfig(name="labeled", plan_items=4).settings()["plan_items"] == 4
     assert OptimizerConfig().plan_items == 16 and OptimizerConfig().settings()["plan_items"] == 16  # on by default

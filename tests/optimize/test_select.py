@@ -47,7 +47,7 @@ def test_the_default_optimizer_keeps_the_uncompiled_program_when_demos_get_paste
     assert DEFAULT_OPTIMIZER == "select"
     cfg = OptimizerConfig(max_bootstrapped_demos=1, max_labeled_demos=1, plan_items=0)  # demos only: no plans
     with dspy.context(lm=lm):
-        compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3))
+        compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3)).program
         reply = compiled(dialogue="Speaker: My cat has been missing since Sunday.").response
     kinds = [c["candidate"] for c in compiled.selection]
     assert kinds == ["uncompiled", "labeled", "bootstrap"]
@@ -87,10 +87,10 @@ def test_the_selection_size_comes_from_the_flag_or_the_data_table(tmp_path):
     from trace_dspy.cli.compile import config_from_args
     from trace_dspy.core.config import ConfigError
 
-    assert config_from_args(["--no-mlflow"]).val == 8
+    assert config_from_args(["--no-mlflow"]).data.val == 8
     (tmp_path / "c.toml").write_text("[data]\nval = 3\n")
-    assert config_from_args(["--config", str(tmp_path / "c.toml")]).val == 3
-    assert config_from_args(["--config", str(tmp_path / "c.toml"), "--val", "5"]).val == 5
+    assert config_from_args(["--config", str(tmp_path / "c.toml")]).data.val == 3
+    assert config_from_args(["--config", str(tmp_path / "c.toml"), "--val", "5"]).data.val == 5
     assert config_from_args(["--no-mlflow"]).record()["data"]["val"] == 8
     with pytest.raises(ConfigError, match="--val"):
         config_from_args(["--val", "-1"])
@@ -118,7 +118,7 @@ def test_select_keeps_the_uncompiled_program_unless_a_candidate_wins_by_the_marg
         lm = dspy.LM("fake/hinted", engine=HintedEngine(responder=reply_for), cache=False)
         cfg = OptimizerConfig(max_bootstrapped_demos=1, max_labeled_demos=1, select_margin=margin)
         with dspy.context(lm=lm):
-            compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3))
+            compiled = compile_program(cfg, TraceProgram(), metric, examples("train", 4), examples("val", 3)).program
         scores = {c["candidate"]: c["score"] for c in compiled.selection}
         return compiled, scores, [c["candidate"] for c in compiled.selection if c["chosen"]]
 

@@ -45,9 +45,10 @@ def test_every_flag_reaches_the_config(tmp_path):
     assert (o.name, o.max_bootstrapped_demos, o.max_labeled_demos, o.mipro_candidates, o.mipro_trials) == (
         "mipro", 3, 1, 5, 7)
     assert (o.gepa_max_metric_calls, o.simba_bsize, o.simba_steps, o.seed, o.opener_items) == (11, 2, 9, 4, 5)
-    assert (cfg.train, cfg.dev, cfg.seed, cfg.name, cfg.threads, cfg.artifacts_dir) == (40, 9, 4, "mine", 2, "arts")
+    assert (cfg.data.train, cfg.data.dev, cfg.seed, cfg.name, cfg.threads, cfg.artifacts_dir) == (
+        40, 9, 4, "mine", 2, "arts")
     assert (cfg.tracking_uri, cfg.experiment, cfg.registered_model, cfg.mlflow) == ("sqlite:///x.db", "exp", "reg", False)
-    assert (cfg.data, cfg.max_failure_rate, cfg.settings.lm.default.model) == ("d.jsonl", 0.1, "openai/x")
+    assert (cfg.data.source, cfg.max_failure_rate, cfg.settings.lm.default.model) == ("d.jsonl", 0.1, "openai/x")
     assert cfg.settings.program.disabled == ("plan_strategy",)
     assert cfg.record()["optimizer"] == o.settings()
     with pytest.raises(ConfigError):

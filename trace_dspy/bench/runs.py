@@ -157,6 +157,7 @@ def run_scorer(where: Where, *, limit: int) -> BenchRun:
 
 
 def run_compile_bench(where: Where, *, optimizer: str | None, train: int, dev: int) -> BenchRun:
+    from trace_dspy.core.config import DataConfig
     from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig
     from trace_dspy.workflows.compile import CompileConfig
 
@@ -165,8 +166,9 @@ def run_compile_bench(where: Where, *, optimizer: str | None, train: int, dev: i
                                         "name": optimizer or DEFAULT_OPTIMIZER})
     with tempfile.TemporaryDirectory(prefix="trace-bench-compile-") as tmp:
         def make_config(run: str) -> CompileConfig:
-            return CompileConfig(settings=settings, optimizer=config, data=settings.data_source(where.data),
-                                 train=train, dev=dev, seed=where.seed, name=f"bench-{run}",
+            return CompileConfig(settings=settings, optimizer=config,
+                                 data=DataConfig(source=settings.data_source(where.data), train=train, dev=dev),
+                                 seed=where.seed, name=f"bench-{run}",
                                  artifacts_dir=str(Path(tmp) / "artifacts"), mlflow=False, command=where.command)
 
         result = measure_compile(make_config, cache_dir=Path(tmp) / "cache")

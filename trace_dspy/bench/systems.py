@@ -112,10 +112,10 @@ def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Se
         log(f"compiling with {opt} on {len(train)} train examples")
         started = time.perf_counter()
         with dspy.context(lm=lms.default):
-            compiled, calls = count_lm_calls(compile_program, cfg, student, metric, train, dev,
-                                             prompt_lm=lms.role("prompt"), log=log)
+            result, calls = count_lm_calls(compile_program, cfg, student, metric, train, dev,
+                                           prompt_lm=lms.role("prompt"), log=log)
         systems.append(System(f"compiled_{opt}", f"TraceProgram compiled with {opt} ({len(train)} train)",
-                              compiled, time.perf_counter() - started, calls))
+                              result.program, time.perf_counter() - started, calls))
     for ref in artifacts:
         from trace_dspy.workflows.loading import load_for_run
 

@@ -91,11 +91,10 @@ def config_from_args(argv: list[str], prog: str | None = None) -> CompileConfig:
     cfg = CompileConfig(
         settings=settings,
         optimizer=optimizer,
-        data=settings.data_source(args.data),
+        data=dataclasses.replace(settings.data, source=settings.data_source(args.data),
+                                 **{size: getattr(args, size) for size in ("train", "dev", "val")
+                                    if getattr(args, size) is not None}),
         situations=args.situations,
-        train=args.train if args.train is not None else settings.data.train,
-        dev=args.dev if args.dev is not None else settings.data.dev,
-        val=args.val if args.val is not None else settings.data.val,
         seed=args.seed,
         name=args.name or default["name"],
         artifacts_dir=args.artifacts_dir,
@@ -110,9 +109,9 @@ def config_from_args(argv: list[str], prog: str | None = None) -> CompileConfig:
         command=command_line("compile", argv),
         extra={"verbose": args.verbose},
     )
-    if cfg.train < 1 or cfg.dev < 1:
+    if cfg.data.train < 1 or cfg.data.dev < 1:
         raise ConfigError("--train and --dev must be at least 1")
-    if cfg.val < 0:
+    if cfg.data.val < 0:
         raise ConfigError("--val must be at least 0")
     return cfg
 

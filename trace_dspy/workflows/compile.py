@@ -18,7 +18,7 @@ from trace_dspy.core.config import DataConfig
 from trace_dspy.core.console import Progress, heartbeat, say
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.metric import DELTA_KEYS
-from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+from trace_dspy.optimize.optimizers import FitRecords, OptimizerConfig, compile_program
 from trace_dspy.store.manifest import Manifest
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.evaluation import (
@@ -38,14 +38,13 @@ class CompileConfig:
 
     settings: Settings
     optimizer: OptimizerConfig
-    data: str | None = None
+    # The data source and the split sizes, resolved: the source as given (None: $TRACE_DSPY_DATA, else the
+    # seed set), the train and dev samples, and the selection set for optimizers that score candidates
+    # (select, mipro, gepa), drawn from the training side apart from the train sample, so that dev stays a
+    # held-out before/after comparison.
+    data: DataConfig = field(default_factory=DataConfig)
     # A situations CSV for the emotion prior (trace_dspy.data.situations); None: $TRACE_DSPY_SITUATIONS.
     situations: str | None = None
-    train: int = DataConfig.train
-    dev: int = DataConfig.dev
-    # Selection set for optimizers that score candidates (select, mipro, gepa): drawn from the training side,
-    # apart from the train sample, so that dev stays a held-out before/after comparison.
-    val: int = DataConfig.val
     seed: int = 0
     name: str = "trace-dspy"
     artifacts_dir: str | None = None
@@ -68,8 +67,8 @@ class CompileConfig:
             "lm": self.settings.lm.to_dict(),
             "metric": self.settings.raw.get("metric") or {},
             "optimizer": self.optimizer.settings(),
-            "data": {"source": self.data, "situations": self.situations, "train": self.train, "dev": self.dev,
-                     "val": self.val, "seed": self.seed},
+            "data": {"source": self.data.source, "situations": self.situations, "train": self.data.train,
+                     "dev": self.data.dev, "val": self.data.val, "seed": self.seed},
             "run": {"name": self.name, "threads": self.threads, "experiment": self.experiment, "trace": self.trace,
                     "registered_model": self.registered_model, "max_failure_rate": self.max_failure_rate},
         }
@@ -124,11 +123,13 @@ class _Prepared:
 
 @dataclass
 class _Evaluated:
-    """What the optimize-and-evaluate phase found: both dev evaluations, the compiled program, the champion."""
+    """What the optimize-and-evaluate phase found: both dev evaluations, the compiled program and the records of
+    its fits, the champion."""
 
     before: Any
     after: Any
     compiled: Any
+    fits: FitRecords
     selection: list | None
     improved: bool
     champion: dict[str, Any] | None = None
@@ -173,11 +174,11 @@ def _prepare(cfg: CompileConfig, phase: Progress) -> _Prepared:
 
     phase.note("reading the data")
     situations = resolve_situations(cfg.situations)  # a bad file stops the compile before any work
-    full = load_splits(cfg.data, seed=cfg.seed, dev_fraction=DEV_FRACTION)
+    full = load_splits(cfg.data.source, seed=cfg.seed, dev_fraction=DEV_FRACTION)
     rng = random.Random(cfg.seed)  # the train sample, then the dev sample (as load_splits draws them)
-    train, dev = _sample(full.train, cfg.train, rng), _sample(full.dev, cfg.dev, rng)
+    train, dev = _sample(full.train, cfg.data.train, rng), _sample(full.dev, cfg.data.dev, rng)
     source = full.source
-    val = selection_set(source, train, cfg.val, seed=cfg.seed, pool=full.train)
+    val = selection_set(source, train, cfg.data.val, seed=cfg.seed, pool=full.train)
     _log(f"data: {source.kind} {source.location}: {len(train)} train, {len(val)} selection, "
          f"{len(dev)} dev examples")
     lms = LMSet(cfg.settings.lm)
@@ -218,12 +219,13 @@ def _optimize_and_evaluate(cfg: CompileConfig, prep: _Prepared, tmp: Path, run) 
     _log(f"2/4 compiling with {cfg.optimizer.name}")
     with dspy.context(lm=prep.lms.default):
         try:
-            compiled = compile_program(cfg.optimizer, prep.program, prep.metric, prep.train, prep.val,
-                                       prompt_lm=prep.lms.role("prompt"), log=_log)
+            result = compile_program(cfg.optimizer, prep.program, prep.metric, prep.train, prep.val,
+                                     prompt_lm=prep.lms.role("prompt"), log=_log)
         except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
             first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
             raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
                                 f"{first}") from exc
+    compiled = result.program
     selection = getattr(compiled, "selection", None)
     if selection:
         _log("selection scores: " + ", ".join(
@@ -239,7 +241,7 @@ def _optimize_and_evaluate(cfg: CompileConfig, prep: _Prepared, tmp: Path, run) 
         _log(f"NOTE: the compiled program scores {after.score:.3f} on dev, below the uncompiled "
              f"program's {before.score:.3f}; it is saved, but it will not become champion, and respond "
              "and chat keep their default program")
-    evaluated = _Evaluated(before, after, compiled, selection, improved)
+    evaluated = _Evaluated(before, after, compiled, result.fits, selection, improved)
     if run is not None and improved:
         evaluated.champion = _compare_with_champion(cfg, prep, after.score, tmp)
     return evaluated
@@ -305,9 +307,8 @@ def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run
     )
     # The openers, plans and first plan the optimizer fitted come with the records of their fits
     # (trace_dspy.optimize.openers, .plans); the index and the prior are saved as files.
-    fitted = ev.compiled.parts.with_records(reply_openers=getattr(ev.compiled, "opener_fit", None),
-                                            reply_plans=getattr(ev.compiled, "plan_fit", None),
-                                            first_plan=getattr(ev.compiled, "first_plan_fit", None))
+    fitted = ev.compiled.parts.with_records(reply_openers=ev.fits.reply_openers, reply_plans=ev.fits.reply_plans,
+                                            first_plan=ev.fits.first_plan)
     extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
     return artifacts.write_artifact(ev.compiled, manifest, name=cfg.name, root=cfg.artifacts_dir, parts=fitted,
                                     extra_files=extra_files)
