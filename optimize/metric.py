@@ -36,36 +36,22 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import dspy
-from trace_dspy.optimize.scorers import (
-    brings_in_relative,
-    content_words,
-    distinct_n,
-    emotion_credit,
-    near_copy,
-    response_rules,
-    sentence_count,
-    takes_theirs,
-    token_f1,
-    tokenize,
-)
+from trace_dspy.optimize.metric_notes import prediction_field as _get
+from trace_dspy.optimize.metric_notes import reply_notes
+from trace_dspy.optimize.reply_guards import brings_in_relative, takes_theirs
+from trace_dspy.optimize.scorers import distinct_n, emotion_credit, near_copy, response_rules, token_f1
+from trace_dspy.optimize.tokens import tokenize
 
 from trace_dspy.core.config import ConfigError, from_table
 from trace_dspy.core.console import warn_once
 from trace_dspy.core.dialogue import listener_turns, speaker_turns
-from trace_dspy.core.labels import EMOTION_TO_GROUP, STRATEGIES
+from trace_dspy.core.labels import STRATEGIES
 from trace_dspy.core.pricing import COST_KEY
 from trace_dspy.core.stages import REGISTRY
 
 log = logging.getLogger(__name__)
 _UNSET = object()
 MECHANISMS = STRATEGIES
-_MISSING = {
-    "ER": "shows no warmth or concern (no emotional reaction)",
-    "IP": "shows no understanding of what the speaker feels or went through (no interpretation)",
-    "EX": "asks nothing (no gentle question about their experience)",
-}
-# Below this expected level (of 2) a planned mechanism counts as missing from the reply.
-MISSING_LEVEL = 0.8
 
 
 @dataclass(frozen=True)
@@ -350,10 +336,32 @@ class EmpathyMetric:
             components["empathy"] = levels["empathy"]
             components["strategy_fit"] = strategy_fit(levels, _get(pred, "strategy"),
                                                       _get(pred, "secondary_strategy"))
+        misplaced = self._copied_or_misplaced(example, pred, reply, turns, details)
+        grounded = 1.0
+        if misplaced or not rules["not_parroting"]:
+            grounded = 0.0
+        elif (self.similarity_kind == "semantic" and cfg.relevance_floor > 0
+              and components["relevance"] is not None and components["relevance"] < cfg.relevance_floor):
+            grounded = components["relevance"] / cfg.relevance_floor
+        components["grounded"] = grounded
+        toned = self._tone_factor(reply, pred, predicted, components, details)
+        if cfg.judge > 0:
+            judged = self.judge(dialogue=example.dialogue, reply=reply)
+            components["judge"] = judged.score
+            details["judge"] = {k: judged[k] for k in (*type(self.judge).FIELDS, "justification")}
+        score = weighted_mean(components, cfg.weights())
+        score = 0.0 if score is None else score * grounded * toned
+        return Scored(score, components, details, reply_notes(example, pred, speaker, components, rules, details))
+
+    def _copied_or_misplaced(self, example, pred, reply: str, turns: list[str], details: dict[str, Any]) -> bool:
+        """Is the reply ungrounded, parroting aside? A near copy of a retrieved example's reply, of a copy
+        source or (with the reply guards) of the listener's own earlier turn; with the reply guards also a
+        relative the dialogue never names, or a thing the speaker spoke of as someone else's called theirs.
+        What was found goes into ``details``."""
         retrieved = [*exemplar_replies(_get(pred, "exemplars")), *(_get(pred, "exemplar_replies") or [])]
         # The listener's own earlier turns count too: a reply that says again what was said before is no answer.
         earlier = _listener_turns(example) if self.reply_guards else []
-        copied = near_copy(reply, [*retrieved, *self.copy_sources, *earlier], cfg.copy_f1)
+        copied = near_copy(reply, [*retrieved, *self.copy_sources, *earlier], self.config.copy_f1)
         if copied is not None:
             details["copied"] = copied[:200]
             if copied in earlier:
@@ -367,13 +375,14 @@ class EmpathyMetric:
         theirs = takes_theirs(reply, turns) if self.reply_guards else None
         if theirs is not None:
             details["takes_theirs"] = theirs
-        grounded = 1.0
-        if copied is not None or stranger is not None or theirs is not None or not rules["not_parroting"]:
-            grounded = 0.0
-        elif (self.similarity_kind == "semantic" and cfg.relevance_floor > 0
-              and components["relevance"] is not None and components["relevance"] < cfg.relevance_floor):
-            grounded = components["relevance"] / cfg.relevance_floor
-        components["grounded"] = grounded
+        return copied is not None or stranger is not None or theirs is not None
+
+    def _tone_factor(self, reply: str, pred, predicted, components: dict[str, float | None],
+                     details: dict[str, Any]) -> float:
+        """The tone head's agreement of the reply with the situation's tone (``components["tone"]``, its
+        reading in ``details``) and what the score is multiplied by: ``tone / tone_floor`` below the floor,
+        else 1 (also without the tone head)."""
+        cfg = self.config
         toned = 1.0
         if self.tone is not None:
             from trace_dspy.optimize.tone import agreement as tone_agreement
@@ -387,62 +396,7 @@ class EmpathyMetric:
                                   else tone_agreement(details["tone_pleasant"], tone_valence(predicted)))
             if cfg.tone_floor > 0 and components["tone"] is not None and components["tone"] < cfg.tone_floor:
                 toned = components["tone"] / cfg.tone_floor
-        if cfg.judge > 0:
-            judged = self.judge(dialogue=example.dialogue, reply=reply)
-            components["judge"] = judged.score
-            details["judge"] = {k: judged[k] for k in (*type(self.judge).FIELDS, "justification")}
-        score = weighted_mean(components, cfg.weights())
-        score = 0.0 if score is None else score * grounded * toned
-        return Scored(score, components, details, self._notes(example, pred, speaker, components, rules, details))
-
-    def _notes(self, example, pred, speaker, components, rules, details) -> list[tuple[str, str]]:
-        notes: list[tuple[str, str]] = []
-        gold, predicted = example.get("emotion"), _get(pred, "emotion")
-        if gold and predicted != gold:
-            same_group = EMOTION_TO_GROUP.get(predicted) == EMOTION_TO_GROUP.get(gold)
-            notes.append(("emotion", f"Wrong emotion: predicted '{predicted}' but the speaker feels '{gold}'"
-                         + (" (same Ekman group, half credit)." if same_group else
-                            f" (group {EMOTION_TO_GROUP.get(gold)}, not {EMOTION_TO_GROUP.get(predicted)}).")))
-        reply = _get(pred, "response") or ""
-        if not rules["not_parroting"]:
-            notes.append(("parrot", "The reply repeats the speaker's words; answer them as the listener instead."))
-        if details.get("repeats_listener"):
-            notes.append(("copy", f"The reply says again what the listener said before (\"{details['copied'][:80]}\"); "
-                                  "answer the speaker's new words."))
-        elif "copied" in details:
-            notes.append(("copy", f"The reply copies an example's reply (\"{details['copied'][:80]}\"); "
-                                  "write new words for this speaker's situation."))
-        if "brings_in" in details:
-            notes.append(("unrelated", f"The reply speaks of \"{details['brings_in']}\", whom the dialogue never "
-                                       "mentions; talk about the speaker's own situation."))
-        if "takes_theirs" in details:
-            notes.append(("unrelated", f"The reply says \"{details['takes_theirs']}\" of what the speaker spoke of as "
-                                       "someone else's; say whose it is as they did."))
-        if components.get("grounded") is not None and 0 < components["grounded"] < 1:
-            notes.append(("unrelated", "The reply is not about what the speaker said; refer to their situation."))
-        levels = details.get("levels")
-        if levels:
-            plan = [s for s in (_get(pred, "strategy"), _get(pred, "secondary_strategy")) if s in MECHANISMS]
-            for mech in dict.fromkeys(plan):
-                if levels[mech] < MISSING_LEVEL:
-                    notes.append(("strategy", f"The plan said {mech} but the reply {_MISSING[mech]}."))
-            if not plan and components.get("empathy") is not None and components["empathy"] < 0.2:
-                weakest = min(MECHANISMS, key=levels.get)
-                notes.append(("empathy", f"Little empathy: the reply {_MISSING[weakest]}."))
-        if not rules["brief"]:
-            notes.append(("length", f"Length: the reply has {sentence_count(reply)} sentences; use one or two short ones."))
-        if not rules["reuses_detail"]:
-            words = sorted(content_words(speaker))[:5]
-            notes.append(("detail", "Missing detail: reuse a concrete detail from the speaker's words"
-                          + (f" (for example: {', '.join(words)})." if words else ".")))
-        if not rules["no_advice"]:
-            notes.append(("advice", "Unsolicited advice: do not tell the speaker what to do; respond to the feeling."))
-        sim = components.get("similarity")
-        if sim is not None and sim < 0.3 and example.get("response"):
-            notes.append(("similarity", f"Far from a good reference reply such as: \"{example.response}\""))
-        if "judge" in details:
-            notes.append(("judge", f"Judge: {details['judge']['justification']}"))
-        return notes
+        return toned
 
     def _relevance(self, reply: str, speaker: str, last_turn: str) -> float:
         if self.relevance is not None:
@@ -500,13 +454,6 @@ def weighted_mean(components: dict[str, float | None], weights: dict[str, float]
     if not active:
         return None
     return sum(w * components[k] for k, w in active.items()) / sum(active.values())
-
-
-def _get(pred, name):
-    try:
-        return pred[name]
-    except (KeyError, TypeError, AttributeError):
-        return getattr(pred, name, None)
 
 
 def _speaker_turns(example) -> list[str]:

@@ -4,16 +4,13 @@ import math
 
 import pytest
 from trace_dspy.optimize.judge import judge_score, pairwise_rates
+from trace_dspy.optimize.reply_guards import claims_their_own, echoed_span
 from trace_dspy.optimize.scorers import (
     auc,
     bleu,
-    brings_in_relative,
-    claims_their_own,
-    content_words,
     distinct_n,
     distribution,
     ead_n,
-    echoed_span,
     emotion_accuracy,
     emotion_credit,
     expectation_adjusted_distinct,
@@ -23,9 +20,7 @@ from trace_dspy.optimize.scorers import (
     response_rules,
     rouge_l,
     sentence_count,
-    takes_theirs,
     token_f1,
-    tokenize,
 )
 
 
@@ -55,12 +50,6 @@ def test_emotion_credit_and_distribution():
     assert emotion_credit("sad", "joyful") == 0.0
     assert emotion_credit("sad", None) == 0.0
     assert distribution(["ER", "ER", "EX", None]) == {"ER": 0.5, "EX": 0.25, "missing": 0.25}
-
-
-def test_tokenize_matches_ed_preprocessing():
-    assert tokenize("I'm SO sorry. That's bad!") == ["i", "'m", "so", "sorry", ".", "that", "'s", "bad", "!"]
-    assert tokenize("i 'm so sorry . that 's bad !") == ["i", "'m", "so", "sorry", ".", "that", "'s", "bad", "!"]
-    assert content_words("I lost my keys at the beach.") == {"lost", "keys", "beach"}
 
 
 def test_bleu_hand_computed():
@@ -132,28 +121,6 @@ def test_response_rules():
     assert sentence_count("Hi there. How are you? Fine") == 3
 
 
-def test_a_relative_the_dialogue_never_names_is_another_situation():
-    flight = ["My flight home for the holidays got delayed by two days."]
-    assert brings_in_relative("How are you feeling about your brother's wedding?", flight) == "your brother"
-    assert brings_in_relative("How are you feeling about your little brother?", flight) == "your brother"
-    assert brings_in_relative("That's awful news. How is your family taking it?", flight) == "your family"
-    assert brings_in_relative("That's awful news about your flight home.", flight) is None
-    # Named in other words, by the listener, or as any relative for "family": known.
-    assert brings_in_relative("How is your son?", ["We found out today it is a boy!"]) is None
-    assert brings_in_relative("Say hi to your mom.", ["My mother called."]) is None
-    assert brings_in_relative("How are your parents?", ["My dad called."]) is None
-    assert brings_in_relative("How is your daughter?", ["I'm so tired.", "How old are your kids?", "Two."]) is None
-    assert brings_in_relative("How is your family?", ["My wife is back next week."]) is None
-    assert brings_in_relative("Did you and your dad play together?", ["I found my old toys at my dads place."]) is None
-    assert brings_in_relative("Is your daughter okay?", ["My teen took the car out."]) is None
-    # Someone else's relative is not theirs: a niece is not a daughter.
-    assert brings_in_relative("I'm so happy about your daughter's success.", ["My niece got into art school."]) \
-        == "your daughter"
-    # People who need no introduction, and relatives of other people, are left alone.
-    assert brings_in_relative("How do you like your new boss?", ["I started a new job today."]) is None
-    assert brings_in_relative("Her brother must be proud.", ["My friend won the race."]) is None
-
-
 def test_auc_hand_computed():
     assert auc([0.9, 0.5], [0.5, 0.1]) == pytest.approx(3.5 / 4)  # one tie counts half
     assert auc([1, 1], [0, 0]) == 1.0 and auc([0], [1]) == 0.0
@@ -181,22 +148,3 @@ def test_paired_bootstrap_ci():
     assert mean == pytest.approx(4 / 6) and 0 < low < mean < high <= 1
     with pytest.raises(ValueError):
         paired_bootstrap_ci([1], [1, 2])
-
-
-def test_a_thing_the_speaker_spoke_of_as_someone_elses_is_not_yours():
-    barking = ["My neighbor's dog keeps barking all night and I can't sleep."]
-    assert takes_theirs("How are you feeling about your dog?", barking) == "your dog"
-    assert takes_theirs("How are your dogs?", ["my neighbor 's dog keeps barking"]) == "your dogs"  # ED's tokens
-    assert takes_theirs("How are you feeling about the future of your team?",
-                        ["watching my daughters play with their team", "the memories are awesome"]) == "your team"
-    assert takes_theirs("I'm so happy for your wedding!", ["I gave the speech at my sister's wedding."]) \
-        == "your wedding"
-    # The speaker's own, nobody's in particular, or never named: left alone.
-    assert takes_theirs("How are you feeling about your neighbor's behavior?", ["My neighbor hit my car."]) is None
-    assert takes_theirs("How are you feeling about your sister's wedding?", ["the speech at my sister's wedding"]) \
-        is None
-    assert takes_theirs("How is your cat?", ["I have to put my old cat to sleep tomorrow."]) is None
-    assert takes_theirs("How is your car?", ["The car broke down, and her car too."]) is None
-    assert takes_theirs("How is your car?", ["My husband's car and my car both broke down."]) is None
-    assert takes_theirs("How is your new job?", ["I start Monday!"]) is None
-    assert takes_theirs("How is your dog?", ["It's dog days here."]) is None

@@ -16,11 +16,11 @@ def measure_scorer(examples: Sequence[dspy.Example], metric) -> dict[str, Any]:
     (cold), then a pass with every embedding cached (tokenization redone); wall and thread-CPU clocks."""
     preds = [dspy.Prediction(response=e.response, emotion=e.emotion, strategy="EX", secondary_strategy="ER")
              for e in examples]
-    from trace_dspy.optimize import scorers
+    from trace_dspy.optimize import tokens
 
     passes = {}
     for name in ("cold", "cached"):
-        scorers._tokens.cache_clear()  # only the embeddings count as cached, not the tokenization
+        tokens._tokens.cache_clear()  # only the embeddings count as cached, not the tokenization
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         for example, pred in zip(examples, preds):
             metric.evaluate(example, pred)

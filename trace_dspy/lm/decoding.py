@@ -57,7 +57,10 @@ class _GrammarPick:
         self.llama_cpp.llama_sampler_accept(self.sampler, token)
 
     def free(self) -> None:
-        self.llama_cpp.llama_sampler_free(self.sampler)
+        """Free the sampler once; a second call does nothing."""
+        if self.sampler is not None:
+            self.llama_cpp.llama_sampler_free(self.sampler)
+            self.sampler = None
 
 
 _MARKERS = re.compile(r'\[\[ ## (\w+) ## \]\]\n|"(\w+)": ')
@@ -167,14 +170,11 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
     try:
         while len(out) < max_tokens:
             if forcing is not None and not closing:
-                forced, complete = forcing.next_text(text)
-                if complete:  # the rest is the closing header: nothing for the model to choose
-                    text, finish = text + forced, "stop"
-                    counts["forced_chars"] = counts.get("forced_chars", 0) + len(forced)
+                text, step = _forced_step(llama, pick, forcing, text, out, counts)
+                if step == "stop":
+                    finish = "stop"
                     break
-                if forced and _read_forced(llama, pick, forced, out):
-                    counts["forced_reads"] = counts.get("forced_reads", 0) + 1
-                    text = llama.detokenize(out).decode("utf-8", errors="ignore")
+                if step == "read":
                     continue
             logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             if closing:  # end the cut value: only a line break or a closing quote
@@ -192,21 +192,53 @@ def greedy(llama, tokens: list[int], grammar_text: str, max_tokens: int, stops: 
                 break
             size = _loop_cut(llama, text, out, free_fields) if loop_guard else None
             if size is not None:
-                counts["loops_cut"] = counts.get("loops_cut", 0) + 1
-                counts["tokens_cut"] = counts.get("tokens_cut", 0) + len(out) - size
-                del out[size:]
-                pick.free()
-                pick = _GrammarPick(llama, grammar_text)
-                for t in out:
-                    pick.accept(t)
-                llama.n_tokens = len(tokens) + size - 1
+                pick = _cut_back(llama, pick, grammar_text, out, size, len(tokens), counts)
                 closing = True
             llama.eval([out[-1]])
     finally:
         pick.free()
+    return _completion(text, finish, len(tokens), out)
+
+
+def _completion(text: str, finish: str, prompt_tokens: int, out: list[int]) -> dict:
+    """A create_completion-shaped result for ``out``, the completion's tokens, and its ``text``."""
     return {"id": f"greedy-{id(out)}", "choices": [{"text": text, "finish_reason": finish}],
-            "usage": {"prompt_tokens": len(tokens), "completion_tokens": len(out),
-                      "total_tokens": len(tokens) + len(out)}}
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": len(out),
+                      "total_tokens": prompt_tokens + len(out)}}
+
+
+def _forced_step(llama, pick: _GrammarPick, forcing, text: str, out: list[int],
+                 counts: dict) -> tuple[str, str | None]:
+    """Let ``forcing`` write what the grammar leaves no choice about. ("stop", the text with the closing header)
+    when the rest is forced; ("read", the new text) when forced tokens were read in one batch; else (``text``,
+    None), and the model picks the next token."""
+    forced, complete = forcing.next_text(text)
+    if complete:  # the rest is the closing header: nothing for the model to choose
+        counts["forced_chars"] = counts.get("forced_chars", 0) + len(forced)
+        return text + forced, "stop"
+    if forced and _read_forced(llama, pick, forced, out):
+        counts["forced_reads"] = counts.get("forced_reads", 0) + 1
+        return llama.detokenize(out).decode("utf-8", errors="ignore"), "read"
+    return text, None
+
+
+def _cut_back(llama, pick: _GrammarPick, grammar_text: str, out: list[int], size: int, prompt_tokens: int,
+              counts: dict) -> _GrammarPick:
+    """Keep the first ``size`` of the ``out`` tokens after a loop: the grammar is replayed over them and the
+    model's cache rewound to the last one (evaluated again next). Returns the replayed grammar pick."""
+    counts["loops_cut"] = counts.get("loops_cut", 0) + 1
+    counts["tokens_cut"] = counts.get("tokens_cut", 0) + len(out) - size
+    replayed = _GrammarPick(llama, grammar_text)
+    try:
+        for t in out[:size]:
+            replayed.accept(t)
+    except BaseException:
+        replayed.free()  # the caller still holds, and frees, the pick it passed in
+        raise
+    pick.free()
+    del out[size:]
+    llama.n_tokens = prompt_tokens + size - 1
+    return replayed
 
 
 def _ended(text: str) -> list:

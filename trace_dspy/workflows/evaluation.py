@@ -269,22 +269,7 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
     candidates = [len(p["reply_rewards"]) for p in preds if isinstance(p.get("reply_rewards"), list)]
     if candidates:  # Best-of-N: how many replies were written per dialogue
         summary["reply_candidates_per_dialogue"] = sum(candidates) / len(candidates)
-    for comp in COMPONENTS:
-        value = safe_mean((r.get("components") or {}).get(comp) for r in ok)
-        if value is not None:
-            # "empathy" is the composite's name; the learned scorer's component is reported beside it.
-            summary["empathy_learned" if comp == "empathy" else comp] = value
-    for mech in MECHANISMS:
-        value = safe_mean((r.get("levels") or {}).get(mech) for r in ok)
-        if value is not None:
-            summary[f"level_{mech}"] = value
-    if ok:
-        summary["copied_rate"] = sum(bool(r.get("copied")) for r in ok) / len(ok)
-        summary["parrot_rate"] = sum(not (r.get("rules") or {}).get("not_parroting", True) for r in ok) / len(ok)
-    toned = [tone_on_side(r) for r in ok]
-    toned = [t for t in toned if t is not None]
-    if toned:
-        summary["tone_agreement"] = sum(toned) / len(toned)
+    summary.update(_component_numbers(ok))
     summary.update(collapse_check(ok_replies, reference_dist2=reference_dist2, config=metric_config))
     gold_emotions = [r.get("gold_emotion") for r in rows]
     if all(gold_emotions):
@@ -304,6 +289,29 @@ def summarize(rows: Sequence[dict[str, Any]], *, reference_dist2: float | None =
         name: distribution(p.get(name) for p in preds if p)
         for name in ("emotion_group", "strategy", "cause_category")
     }
+    return summary
+
+
+def _component_numbers(ok: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Means over the rows that did not fail: each metric component and mechanism level that has values, the
+    shares of copied and parroting replies, and the share of replies on the gold emotion's side of the tone."""
+    summary: dict[str, float] = {}
+    for comp in COMPONENTS:
+        value = safe_mean((r.get("components") or {}).get(comp) for r in ok)
+        if value is not None:
+            # "empathy" is the composite's name; the learned scorer's component is reported beside it.
+            summary["empathy_learned" if comp == "empathy" else comp] = value
+    for mech in MECHANISMS:
+        value = safe_mean((r.get("levels") or {}).get(mech) for r in ok)
+        if value is not None:
+            summary[f"level_{mech}"] = value
+    if ok:
+        summary["copied_rate"] = sum(bool(r.get("copied")) for r in ok) / len(ok)
+        summary["parrot_rate"] = sum(not (r.get("rules") or {}).get("not_parroting", True) for r in ok) / len(ok)
+    toned = [tone_on_side(r) for r in ok]
+    toned = [t for t in toned if t is not None]
+    if toned:
+        summary["tone_agreement"] = sum(toned) / len(toned)
     return summary
 
 
