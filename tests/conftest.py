@@ -38,6 +38,52 @@ def _reset_dspy():
     dspy.configure(lm=None, adapter=None)
 
 
+# Where a subprocess started through tests/fake_cli.py finds the suite's copy of the checkout's artifacts.
+CHECKOUT_ARTIFACTS_ENV = "TRACE_DSPY_TEST_CHECKOUT_ARTIFACTS"
+
+
+def committed_artifacts(into: Path) -> Path | None:
+    """Copy the program versions the repository ships (the files git tracks under artifacts/) into
+    ``into/artifacts``; None when the checkout is not a git work tree."""
+    import shutil
+    import subprocess
+
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--", "artifacts/trace-dspy"], cwd=REPO,
+                                capture_output=True, timeout=60)
+    except OSError:
+        return None
+    if listed.returncode != 0 or not listed.stdout:
+        return None
+    root = into / "artifacts"
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        target = root / Path(name).relative_to("artifacts")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    return root
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _committed_checkout_artifacts(tmp_path_factory):
+    """The suite sees the checkout's artifacts/ as the repository ships it: a version the user compiled there
+    (the README's main job saves one) would otherwise become the default program every test runs."""
+    from trace_dspy.store import artifacts
+
+    root = committed_artifacts(tmp_path_factory.mktemp("checkout"))
+    if root is None:
+        yield
+        return
+    saved, saved_env = artifacts.CHECKOUT_ROOT, os.environ.get(CHECKOUT_ARTIFACTS_ENV)
+    artifacts.CHECKOUT_ROOT = root
+    os.environ[CHECKOUT_ARTIFACTS_ENV] = str(root)
+    yield
+    artifacts.CHECKOUT_ROOT = saved
+    if saved_env is None:
+        os.environ.pop(CHECKOUT_ARTIFACTS_ENV, None)
+    else:
+        os.environ[CHECKOUT_ARTIFACTS_ENV] = saved_env
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_stores(tmp_path_factory):
     """The suite leaves the checkout as it found it: MLflow runs, traces and registered models go to a store of

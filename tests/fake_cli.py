@@ -37,6 +37,11 @@ def responder(outputs, inputs):
 
 
 if __name__ == "__main__":
+    checkout = os.environ.get("TRACE_DSPY_TEST_CHECKOUT_ARTIFACTS")
+    if checkout:  # the suite's copy of the checkout's artifacts/, as the repository ships it (conftest.py)
+        from trace_dspy.store import artifacts
+
+        artifacts.CHECKOUT_ROOT = Path(checkout)
     lm, _ = fake_lm(responder)
     lms.build_lm = lambda spec: lm
     module = sys.argv[1]

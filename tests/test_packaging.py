@@ -13,6 +13,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import committed_artifacts
+
+from trace_dspy.store.shipped import SHIPPED_DEFAULT
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = (
@@ -114,21 +117,6 @@ def test_installed_package_resolves_the_mapped_folders(tmp_path):
     assert no_top_level == "True True"
 
 
-def _committed_versions(tmp_path: Path) -> Path:
-    """A copy of the program versions the repository ships (those git tracks), without any a user's own compile
-    added to the checkout's artifacts/ folder."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--", "artifacts/trace-dspy"], cwd=REPO, capture_output=True,
-                            timeout=60)
-    if listed.returncode != 0:
-        pytest.skip("not a git checkout: which versions the repository ships is unknown")
-    root = tmp_path / "artifacts"
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        target = root / Path(name).relative_to("artifacts")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, target)
-    return root
-
-
 def test_the_packaged_program_is_the_checkouts_default(tmp_path, monkeypatch):
     """The wheel carries the program respond runs by default among the versions the repository ships (a new
     default compile must move pyproject.toml's mapping with it). A version the user compiled into the checkout
@@ -136,13 +124,16 @@ def test_the_packaged_program_is_the_checkouts_default(tmp_path, monkeypatch):
     from trace_dspy.store import artifacts
     from trace_dspy.workflows.loading import default_reference
 
-    committed = _committed_versions(tmp_path)
+    committed = committed_artifacts(tmp_path)
+    if committed is None:
+        pytest.skip("not a git checkout: which versions the repository ships is unknown")
     monkeypatch.setattr(artifacts, "CHECKOUT_ROOT", tmp_path / "no-checkout-artifacts")
     monkeypatch.setenv("TRACE_DSPY_ARTIFACTS", str(committed))
     default = default_reference()
     assert default.startswith("trace-dspy@v")
     number = int(default.removeprefix("trace-dspy@v"))
     assert f"artifacts/trace-dspy/v{number:04d}" == _default_program_dir()
+    assert default == SHIPPED_DEFAULT  # what the notice of a newer local default names as the packaged one
     assert _pyproject()["project"]["scripts"] == {"trace-dspy": "trace_dspy.cli.main:main"}
 
 

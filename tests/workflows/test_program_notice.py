@@ -48,9 +48,26 @@ def test_a_local_artifact_that_runs_by_default_is_named_on_stderr(workdir, monke
     code, out, err = respond(capsys)
     assert code == 0, err
     said = [line for line in err if "not the packaged default" in line]
-    assert said == [f"using trace-dspy@v7 from {Path('artifacts/trace-dspy/v0007')} (not the packaged default; "
-                    "--program names another)"], err
+    assert said == [f"using trace-dspy@v7 from {Path('artifacts/trace-dspy/v0007')} (not the packaged default "
+                    "trace-dspy@v6; --program names another)"], err
     assert engine.calls and out.strip()  # it answered with that program
+
+
+def test_a_version_compiled_into_the_checkout_is_named_too(workdir, capsys):
+    """The main job compiles into the checkout's artifacts/: the newer version it saves runs by default, and
+    says so."""
+    from trace_dspy.store import artifacts
+
+    number = max(artifacts.versions("trace-dspy", artifacts.CHECKOUT_ROOT)) + 1
+    folder = artifacts.CHECKOUT_ROOT / "trace-dspy" / f"v{number:04d}"  # the suite's copy of the checkout's
+    copied = local_copy(folder.parents[2], number)
+    try:
+        code, _, err = respond(capsys)
+    finally:
+        shutil.rmtree(copied)
+    assert code == 0, err
+    assert [line for line in err if "not the packaged default" in line] == [
+        f"using trace-dspy@v{number} from {folder} (not the packaged default trace-dspy@v6; --program names another)"]
 
 
 def test_the_checkouts_own_default_runs_without_the_notice(workdir, capsys):

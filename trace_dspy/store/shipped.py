@@ -18,6 +18,9 @@ from trace_dspy.core.console import say
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "default_program"
 MANIFEST = "manifest.json"
+# The program the package ships: the version pyproject.toml maps to trace_dspy.default_program (a test holds the
+# two together). In a checkout, a newer version a user compiled into artifacts/ runs instead, and says so.
+SHIPPED_DEFAULT = "trace-dspy@v6"
 
 _announced: set[str] = set()
 

@@ -159,12 +159,14 @@ def default_reference() -> str:
 
 
 def _note_local_default(label: str, folder: Path) -> None:
-    """Say which program runs when the default is found outside the checkout's own artifacts (whose default is
-    the one the package ships): a ``./artifacts`` in the working directory, or ``$TRACE_DSPY_ARTIFACTS``."""
+    """Say which program runs when the default is not the one the package ships: a version compiled into the
+    checkout's ``artifacts/``, a ``./artifacts`` in the working directory, or ``$TRACE_DSPY_ARTIFACTS``."""
     from trace_dspy.store.artifacts import CHECKOUT_ROOT
+    from trace_dspy.store.shipped import SHIPPED_DEFAULT
 
-    if not folder.resolve().is_relative_to(CHECKOUT_ROOT.resolve()):
-        say(f"using {label} from {folder} (not the packaged default; --program names another)")
+    if label == SHIPPED_DEFAULT and folder.resolve().is_relative_to(CHECKOUT_ROOT.resolve()):
+        return
+    say(f"using {label} from {folder} (not the packaged default {SHIPPED_DEFAULT}; --program names another)")
 
 
 def not_worse_than_uncompiled(before: dict | None, after: dict | None) -> bool:
