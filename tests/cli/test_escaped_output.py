@@ -135,3 +135,22 @@ def test_a_real_run_on_a_planted_artifact_keeps_the_terminal_clean(planted, tmp_
         assert raw_controls(run.stdout + run.stderr) == [], (run.stdout, run.stderr[-2000:])
         assert "owned" in run.stdout
         assert "0.0.1\\x1b]0;owned" in run.stderr  # the drift warning, escaped
+
+
+# A flag as a user might paste it: controls and bidi overrides, no space (argparse takes an argument with a
+# space in it for a positional one).
+HOSTILE_FLAG = "--bogus\x1b]0;owned\x07\x1b[2J\x9b2J\u202egpj.exe"
+
+
+@pytest.mark.parametrize("name", ["respond", "chat", "compile", "evaluate", "inspect", "fit_prior", "fit_empathy",
+                                  "fit_relevance", "fit_tone", "metric_validity", "bench", "bench_local"])
+def test_a_flag_the_user_typed_is_echoed_escaped_in_the_usage_error(name, capsys):
+    """argparse quotes what the user typed ("unrecognized arguments: ...", "invalid choice: ..."): the commands'
+    parser sends its usage, help and error lines through the console, escaped."""
+    from trace_dspy.cli.main import main
+
+    assert main([name, HOSTILE_FLAG]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() and not raw_controls(err), raw_controls(err)
+    if name == "respond":  # the flag itself is quoted, escaped
+        assert "unrecognized arguments: --bogus\\x1b]0;owned\\x07" in err, err

@@ -238,12 +238,23 @@ def output_dir(text: str) -> Path:
     return path
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse for the commands: its usage, help and error messages go through the console, escaped, since
+    they quote what the user typed ("unrecognized arguments: ...")."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if message:
+            try:
+                (say if file is sys.stderr else out)(message.rstrip("\n"))
+            except OSError:  # a closed pipe (--help | head), as argparse itself ignores
+                pass
+
+
 def command_parser(module: str, doc: str, prog: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
     """The parser of the command ``python -m trace_dspy.<module>``, described by the first paragraph of ``doc``
     (its module docstring). ``prog`` is the name its usage shows: ``trace-dspy NAME`` when the console script
     runs it (``cli/main.py`` passes it to the command's ``main``), else (None) ``python -m trace_dspy.<module>``."""
-    return argparse.ArgumentParser(prog=prog or f"python -m trace_dspy.{module}", description=doc.split("\n\n")[0],
-                                   **kwargs)
+    return CommandParser(prog=prog or f"python -m trace_dspy.{module}", description=doc.split("\n\n")[0], **kwargs)
 
 
 def command_line(module: str, argv: list[str]) -> str:
@@ -403,7 +414,7 @@ def run_embedded_command(argv: list[str], prog: str, description: str) -> int:
     """Parse the embedded-model bench's flags, measure, print the table; the exit code."""
     from trace_dspy.bench.embedded import EmbeddedOptions, run_embedded
 
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = CommandParser(prog=prog, description=description)
     add_embedded_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
