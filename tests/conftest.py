@@ -39,7 +39,7 @@ def _reset_dspy():
 
 
 # Where a subprocess started through tests/fake_cli.py finds the suite's copy of the checkout's artifacts.
-CHECKOUT_ARTIFACTS_ENV = "TRACE_DSPY_TEST_CHECKOUT_ARTIFACTS"
+CHECKOUT_ARTIFACTS_ENV = "TRACE_TESTS_CHECKOUT_ARTIFACTS"
 
 
 def committed_artifacts(into: Path) -> Path | None:

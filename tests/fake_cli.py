@@ -37,7 +37,7 @@ def responder(outputs, inputs):
 
 
 if __name__ == "__main__":
-    checkout = os.environ.get("TRACE_DSPY_TEST_CHECKOUT_ARTIFACTS")
+    checkout = os.environ.get("TRACE_TESTS_CHECKOUT_ARTIFACTS")
     if checkout:  # the suite's copy of the checkout's artifacts/, as the repository ships it (conftest.py)
         from trace_dspy.store import artifacts
 
