@@ -259,12 +259,9 @@ def invalid(args) -> str | None:
 
 def _preflight(args) -> None:
     """The settings a bench reads and the folders it writes, checked before it measures (``PreflightError``)."""
-    from trace_dspy.core import env
-    from trace_dspy.workflows.preflight import check_environment, check_output_folder, check_tracking_store
+    from trace_dspy.workflows.preflight import check_output_folder, check_run_settings
 
-    check_environment(env.CACHE, *(() if args.no_mlflow else (env.STORE_WAIT,)))
-    if not args.no_mlflow:
-        check_tracking_store(args.tracking_uri)
+    check_run_settings(args.tracking_uri, tracked=not args.no_mlflow)
     check_output_folder(args.output_dir or DEFAULT_OUTPUT, "--output-dir")
 
 

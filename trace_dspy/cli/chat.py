@@ -72,9 +72,9 @@ class Repl:
                  write: Callable[[str], None] | None = None, interactive: bool = False):
         self.session = session
         self.read = read
-        raw = write or out
-        # Model output and echoed input may hold terminal escape sequences: they are shown, never obeyed.
-        self.write = lambda text: raw(terminal_safe(text))
+        # Model output and echoed input may hold terminal escape sequences: they are shown, never obeyed (the
+        # console escapes what it writes; another writer gets the escaped text).
+        self.write = out if write is None else (lambda text: write(terminal_safe(text)))
         self.interactive = interactive
 
     def run(self) -> int:

@@ -29,7 +29,7 @@ from trace_dspy.data.sources import DataError
 from trace_dspy.optimize.optimizers import OPTIMIZERS
 from trace_dspy.workflows.compile import CompileConfig, CompileFailed, run_compile
 from trace_dspy.workflows.evaluation import FailureRateExceeded
-from trace_dspy.workflows.preflight import PreflightError, check_environment, check_output_folder, check_tracking_store
+from trace_dspy.workflows.preflight import PreflightError, check_output_folder, check_run_settings
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -121,9 +121,7 @@ def preflight(cfg: CompileConfig) -> None:
     (``PreflightError``): a compile takes minutes to hours, and its artifact is written last."""
     from trace_dspy.store.artifacts import artifacts_root
 
-    check_environment(env.CACHE, *((env.STORE_WAIT,) if cfg.mlflow else ()))
-    if cfg.mlflow:
-        check_tracking_store(cfg.tracking_uri)
+    check_run_settings(cfg.tracking_uri, tracked=cfg.mlflow)
     named = ("--artifacts-dir" if cfg.artifacts_dir else f"${env.ARTIFACTS}" if env.value(env.ARTIFACTS)
              else "the folder")
     check_output_folder(artifacts_root(cfg.artifacts_dir), named)

@@ -34,7 +34,6 @@ from trace_dspy.cli.common import (
     settings_from_args,
     setup_logging,
 )
-from trace_dspy.core import env
 from trace_dspy.core.pricing import COST_KEY, DIALOGUES
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import out, say
@@ -61,9 +60,8 @@ from trace_dspy.workflows.evaluation_runs import (
 )
 from trace_dspy.workflows.preflight import (
     PreflightError,
-    check_environment,
     check_output_folder,
-    check_tracking_store,
+    check_run_settings,
 )
 
 LOAD_ERRORS = (ConfigError, DataError, FileNotFoundError, RuntimeError, ImportError, ValueError)
@@ -130,9 +128,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 def preflight(args) -> None:
     """The settings this run reads and the places it writes, checked before anything is loaded or evaluated
     (``PreflightError``)."""
-    check_environment(env.CACHE, *(() if args.no_mlflow else (env.STORE_WAIT,)))
-    if not args.no_mlflow:
-        check_tracking_store(args.tracking_uri)
+    check_run_settings(args.tracking_uri, tracked=not args.no_mlflow)
     if args.output_dir is not None:
         check_output_folder(args.output_dir, "--output-dir")
     else:

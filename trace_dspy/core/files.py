@@ -219,9 +219,7 @@ class TextLines:
 
     def text(self) -> Iterator[str]:
         """The decoded lines without their numbers (what ``csv.reader`` takes)."""
-        for first, pieces in self._blocks():
-            for number, piece in enumerate(pieces, first):
-                yield self._decode(piece, number)
+        return (line for _, line in self)
 
     def raw(self) -> Iterator[tuple[int, bytes]]:
         """(number, the line's bytes, ending included), a leading byte-order mark dropped."""

@@ -194,7 +194,7 @@ def atomic_add_records(path: str | os.PathLike, records: Iterable[dict], *,
     read into the new file.
     """
     path = Path(path)
-    data = _read_plain(path)
+    data = _read_checked(path, links=False)
     ignore = frozenset(ignore)
 
     def same(rec) -> str:
@@ -225,11 +225,6 @@ def atomic_add_records(path: str | os.PathLike, records: Iterable[dict], *,
 
     _atomic_write(path, write, binary=True)
     return len(new)
-
-
-def _read_plain(path: Path) -> bytes:
-    """The bytes of ``path`` (none when it is missing), refusing a symbolic link or anything but a file."""
-    return _read_checked(path, links=False)
 
 
 def _read_checked(path: Path, *, links: bool) -> bytes:

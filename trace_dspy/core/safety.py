@@ -199,12 +199,12 @@ def redact_exception(exc: BaseException) -> BaseException:
 # Bidirectional-text controls: the embeddings and overrides (U+202A-U+202E), the isolates (U+2066-U+2069) and
 # the marks (U+200E, U+200F, U+061C). They reorder what the terminal shows (a right-to-left override makes
 # "gpj.exe" read as "exe.jpg"), so they are shown as escapes like the controls that move the cursor.
-_BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_BIDI_CODES = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_BIDI_CONTROLS = "".join(map(chr, _BIDI_CODES))
 # C0 controls except tab and newline, DEL, the C1 controls (which include CSI, U+009B), and the bidi controls.
 _CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI_CONTROLS}]")
 # The same characters as JSON escapes; json.dumps escapes C0 controls itself (ESC becomes \\u001b).
-_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in [
-    *range(0x7F, 0xA0), 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+_JSON_ESCAPES = {code: f"\\u{code:04x}" for code in (*range(0x7F, 0xA0), *_BIDI_CODES)}
 
 
 def _escape(char: str) -> str:

@@ -120,6 +120,14 @@ def _check_store_wait() -> None:
 CHECKS: dict[str, Callable[[], None]] = {env.CACHE: _check_cache, env.STORE_WAIT: _check_store_wait}
 
 
+def check_run_settings(tracking_uri: str | None, *, tracked: bool) -> None:
+    """What a command that may log to MLflow reads: the cache folder, and, when it tracks, the store wait and
+    the tracking store (``PreflightError``)."""
+    check_environment(env.CACHE, *((env.STORE_WAIT,) if tracked else ()))
+    if tracked:
+        check_tracking_store(tracking_uri)
+
+
 def check_environment(*names: str) -> None:
     """Check the named ``TRACE_DSPY_*`` variables (those a command reads) in one go: ``PreflightError`` with
     one line for the first that cannot be used."""
@@ -128,4 +136,4 @@ def check_environment(*names: str) -> None:
 
 
 __all__ = ["CHECKS", "PreflightError", "check_environment", "check_output_file", "check_output_folder",
-           "check_tracking_store", "folder_problem"]
+           "check_run_settings", "check_tracking_store", "folder_problem"]
