@@ -48,13 +48,13 @@ class OptimizerConfig:
     simba_candidates: int = 2
     simba_bsize: int = 4
     # every optimizer, when the reply is scaffolded: rank the openers of each mechanism by the metric on this
-    # many training dialogues before compiling (trace_dspy.optimize.openers); 0 keeps the stock openers. Off by
+    # many training dialogues before compiling (trace_dspy.compact.opener_fit); 0 keeps the stock openers. Off by
     # default: on 200 ED test items a compile with 32 scored -0.0015 [-0.0098, +0.0065] against the stock
     # openers, and on the seed set it cost the main job minutes and lowered dev (docs/results/compiling.md,
     # "Fitted openers").
     opener_items: int = 0
     # every optimizer: choose the further reply plans on this many training dialogues before compiling
-    # (trace_dspy.optimize.plans): a reply is then written for the LM's plan and for each chosen plan, and the
+    # (trace_dspy.compact.plan_fit): a reply is then written for the LM's plan and for each chosen plan, and the
     # one with the best reply reward is kept. 0: the LM's plan only. On for the default compile: on 24 ED
     # training dialogues it chose EX+EX (training score 0.622 -> 0.661) and dev rose 0.536 -> 0.572, at about
     # 1.7x the LM calls per dialogue on 200 ED test items (docs/results/compiling.md, "Further reply plans").
@@ -102,14 +102,24 @@ Compiler = Callable[..., dspy.Module]
 class FitRecords:
     """The manifest records of what a compile fitted before optimizing (None: not fitted).
 
-    ``reply_openers``: the openers' fit (trace_dspy.optimize.openers); ``reply_plans`` and
-    ``first_plan``: the plans' fit and its first-plan race (trace_dspy.optimize.plans). The
+    ``reply_openers``: the openers' fit (trace_dspy.compact.opener_fit); ``reply_plans`` and
+    ``first_plan``: the plans' fit and its first-plan race (trace_dspy.compact.plan_fit). The
     artifact writes them with the fitted parts they describe.
     """
 
     reply_openers: dict[str, Any] | None = None
     reply_plans: dict[str, Any] | None = None
     first_plan: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PreFit:
+    """What a part fit before optimizing gives: the program with the parts, their manifest records, and the
+    parts by attribute name (set again on the compiled program)."""
+
+    program: dspy.Module
+    fits: FitRecords
+    parts: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -218,65 +228,28 @@ def optimizer_progress(cfg: OptimizerConfig) -> Progress:
     return heartbeat(f"optimizer {cfg.name}")
 
 
-def _scaffolded(program) -> bool:
-    """Does the program write scaffolded replies with the LM in effect (the reply stage's, else dspy's)?"""
-    if not hasattr(program, "reply_format") or not hasattr(program, "reply_openers"):
-        return False
-    return program.reply_format(program.stage_lms.get("generate_response") or dspy.settings.lm) == "scaffold"
-
-
 def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset: Sequence[dspy.Example],
                     valset: Sequence[dspy.Example], *, prompt_lm: dspy.LM | None = None,
-                    log: Callable[[str], None] | None = None) -> CompiledProgram:
+                    log: Callable[[str], None] | None = None,
+                    fit_parts: Callable[..., PreFit | None] | None = None) -> CompiledProgram:
     """Compile ``program`` with the configured optimizer; the program's stage LMs carry over.
 
-    With ``opener_items`` > 0 and a program that writes scaffolded replies, the
-    openers are fitted first (on that many training dialogues; see
-    trace_dspy.optimize.openers) and the optimizer compiles the program that
-    has them. The compiled program then carries ``reply_openers``, and the
-    result's ``fits`` the record of their fit (for the manifest). A program
-    whose reply is not scaffolded keeps its layout, and ``log`` says that no
-    openers were fitted.
-
-    With ``plan_items`` > 0 the further reply plans are chosen next, on that
-    many training dialogues (trace_dspy.optimize.plans); the compiled program
-    carries ``reply_plans`` and ``first_plan``, and ``fits`` their records.
+    ``fit_parts(program, trainset, log)``, where given, fits parts of the program before the optimizer runs
+    (the compact writer's openers and plans: ``trace_dspy.program.writers.part_fitter``); the optimizer then
+    compiles the program that has them, the compiled program carries them, and the result's ``fits`` holds
+    their records (for the manifest).
     """
     if not trainset:
         raise ConfigError("the training set is empty")
-    fit = None
-    if cfg.opener_items and not _scaffolded(program):
-        (log or (lambda message: None))(
-            "openers: not fitted: the reply stage is not scaffolded for this LM (reply_format scaffold, or auto "
-            "with the embedded model)")
-    elif cfg.opener_items:
-        from trace_dspy.optimize.openers import fit_openers
-
-        fit = fit_openers(program, list(trainset)[:cfg.opener_items], metric, log=log)
-        if fit is not None:
-            program = program.deepcopy()
-            program.reply_openers = fit.openers
-    plan_fit = None
-    if cfg.plan_items and hasattr(program, "reply_plans"):
-        from trace_dspy.optimize.plans import fit_plans
-
-        plan_fit = fit_plans(program, list(trainset)[:cfg.plan_items], metric, log=log)
-        if plan_fit is not None and (plan_fit.plans or plan_fit.first_plan):
-            program = program.deepcopy()
-            program.reply_plans = plan_fit.plans
-            program.first_plan = plan_fit.first_plan
+    prefit = fit_parts(program, list(trainset), log or (lambda message: None)) if fit_parts else None
+    if prefit is not None:
+        program = prefit.program
     with optimizer_progress(cfg) as phase, counting_dspy_calls(phase):
         compiled = COMPILERS[cfg.name](cfg, program, metric, list(trainset), list(valset), prompt_lm)
-    if fit is not None:  # an optimizer that rebuilds the program must not lose them
-        compiled.reply_openers = fit.openers
-    if plan_fit is not None:
-        compiled.reply_plans = plan_fit.plans
-        compiled.first_plan = plan_fit.first_plan
+    for name, value in (prefit.parts if prefit is not None else {}).items():
+        setattr(compiled, name, value)  # an optimizer that rebuilds the program must not lose them
     # Optimizers reset predictor LMs; TraceProgram keeps stage LMs outside its predictors,
     # but a foreign module may not: put them back if the copy lost them.
     if hasattr(program, "stage_lms") and hasattr(compiled, "set_stage_lms") and not compiled.stage_lms:
         compiled.set_stage_lms(program.stage_lms)
-    return CompiledProgram(compiled, FitRecords(
-        reply_openers=fit.record() if fit is not None else None,
-        reply_plans=plan_fit.record() if plan_fit is not None else None,
-        first_plan=plan_fit.first_plan_record() if plan_fit is not None else None))
+    return CompiledProgram(compiled, prefit.fits if prefit is not None else FitRecords())

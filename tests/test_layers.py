@@ -2,7 +2,8 @@
 
 Layers, bottom to top (a module may import its own layer, without cycles, and any layer below):
 
-    core < signatures < lm < data < optimize < program < store < workflows < testing < bench < cli < launchers
+    core < signatures < lm < data < optimize < compact < program < store < workflows < testing < bench < cli
+    < launchers
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"trace_dspy": REPO / "trace_dspy", "trace_dspy.signatures": REPO / "signatures",
          "trace_dspy.optimize": REPO / "optimize"}
-LAYERS = ["core", "signatures", "lm", "data", "optimize", "program", "store", "workflows", "testing", "bench", "cli"]
+LAYERS = ["core", "signatures", "lm", "data", "optimize", "compact", "program", "store", "workflows", "testing", "bench",
+          "cli"]
+# The one module outside the compact writer's package that may import it: the writer switch.
+COMPACT_GATE = "trace_dspy.program.writers"
 TOP = len(LAYERS)  # the package root, its launchers and trace_dspy.inspect
 
 
@@ -104,6 +108,13 @@ def test_the_import_graph_has_no_cycle():
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+def test_only_the_writer_switch_imports_the_compact_writer():
+    inside = {name for name in MODULES if name.startswith("trace_dspy.compact")}
+    assert {"trace_dspy.compact.writer", "trace_dspy.compact.scaffold", "trace_dspy.compact.openers"} <= inside
+    importers = sorted(name for name, targets in GRAPH.items() if name not in inside and targets & inside)
+    assert importers == [COMPACT_GATE]
 
 
 def test_commands_never_import_commands():

@@ -59,7 +59,7 @@ def slow(responder, seconds: float):
 
 def test_a_slow_fit_prints_its_count_at_every_interval(short_interval, monkeypatch):
     """The plan fit, the phase that was silent for 441 s, on a scripted LM slowed to 20 ms a call."""
-    from trace_dspy.optimize.plans import fit_plans
+    from trace_dspy.compact.plan_fit import fit_plans
 
     from trace_dspy import TraceProgram
     from trace_dspy.core.config import ProgramConfig

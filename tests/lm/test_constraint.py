@@ -22,7 +22,7 @@ from trace_dspy.lm.grammar import (
 )
 from trace_dspy.lm.specs import TraceLM
 from trace_dspy.program.pipeline import TraceProgram
-from trace_dspy.program.reply_adapter import ChatReplyAdapter
+from trace_dspy.compact.reply_adapter import ChatReplyAdapter
 
 LAYOUTS = {"chat": "sections", "compact": "sections", "json": "json"}
 

@@ -13,7 +13,7 @@ from trace_dspy.lm import prompts
 from trace_dspy.lm.adapters import CompactChatAdapter
 from trace_dspy.lm.grammar import grammar_for, output_grammar
 from trace_dspy.program.pipeline import TraceProgram
-from trace_dspy.program.reply_adapter import ChatReplyAdapter, is_reply_signature
+from trace_dspy.compact.reply_adapter import ChatReplyAdapter, is_reply_signature
 from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = ("Speaker: My dog Biscuit ran away yesterday. We searched the whole park.\n"

@@ -268,16 +268,18 @@ def measure_best_of(examples, sizes=(1, 2, 4), threads: int | None = None) -> li
         lm = local_lm(cache=False, **kwargs)
         program = TraceProgram(ProgramConfig())
         if n > 1:
-            best = dspy.BestOfN(module=program.generate_response, N=n, reward_fn=lambda args, pred: 0.0,
-                                threshold=1.0)
             plain_call = program._call
 
-            def call(stage, state, best=best, plain_call=plain_call, program=program):
+            def call(stage, state, n=n, plain_call=plain_call, program=program):
                 if stage != "generate_response":
                     return plain_call(stage, state)
-                with program._stage_context(stage):
+                writer = program.writer()
+                with program._stage_context(stage, writer):
                     fields = program.generate_response.signature.input_fields
-                    return best(**{name: state[name] for name in fields})
+                    selection, inputs = writer.selection(program, program.generate_response,
+                                                         {name: state[name] for name in fields})
+                    return dspy.BestOfN(module=selection.module, N=n, reward_fn=lambda args, pred: 0.0,
+                                        threshold=1.0)(**inputs)
 
             program._call = call
         replies = []

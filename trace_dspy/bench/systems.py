@@ -34,10 +34,12 @@ class SingleCallProgram(dspy.Module):
     def forward(self, dialogue) -> dspy.Prediction:
         from trace_dspy.core.dialogue import normalize_dialogue
         from trace_dspy.core.labels import ekman_group
-        from trace_dspy.lm.adapters import choose_adapter
+        from trace_dspy.lm.adapters import COMPACT
+        from trace_dspy.lm.kinds import takes_grammar
 
         text = normalize_dialogue(dialogue)
-        adapter = choose_adapter("auto", dspy.settings.lm)  # the compact adapter on grammar-constrained LMs
+        lm = dspy.settings.lm
+        adapter = COMPACT if lm is not None and takes_grammar(lm) else None  # compact on grammar-constrained LMs
         with dspy.context(adapter=adapter) if adapter is not None else nullcontext():
             out = self.respond(dialogue=text)
         return dspy.Prediction(dialogue=text, emotion=out.emotion, emotion_group=ekman_group(out.emotion),
@@ -90,6 +92,7 @@ def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Se
     compares. Compiling optimizers that score candidates do it on ``dev``.
     """
     from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+    from trace_dspy.program.writers import part_fitter
     from trace_dspy.program.pipeline import TraceProgram
 
     systems: list[System] = []
@@ -113,7 +116,8 @@ def build_systems(names: Sequence[str], optimizers: Sequence[str], artifacts: Se
         started = time.perf_counter()
         with dspy.context(lm=lms.default):
             result, calls = count_lm_calls(compile_program, cfg, student, metric, train, dev,
-                                           prompt_lm=lms.role("prompt"), log=log)
+                                           prompt_lm=lms.role("prompt"), log=log,
+                                           fit_parts=part_fitter(cfg, metric))
         systems.append(System(f"compiled_{opt}", f"TraceProgram compiled with {opt} ({len(train)} train)",
                               result.program, time.perf_counter() - started, calls))
     for ref in artifacts:

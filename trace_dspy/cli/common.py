@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.core.config import ConfigError, ProgramConfig, check_tables, read_toml
+from trace_dspy.core.config import WRITER_CHOICES, ConfigError, ProgramConfig, check_tables, read_toml
 from trace_dspy.core.console import clear_status_line, escape_logs_and_warnings, out, say, status_line
 from trace_dspy.core.stages import REGISTRY
 from trace_dspy.lm.specs import LMConfig, offline_litellm
@@ -32,6 +33,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--analysis-lm", metavar="MODEL", help="model for the emotion, cause and strategy stages")
     group.add_argument("--response-lm", metavar="MODEL", help="model for the reply stage")
     group.add_argument("--judge-lm", metavar="MODEL", help="model for the empathy judge")
+    group.add_argument("--writer", choices=WRITER_CHOICES,
+                       help="how the program writes: standard (TRACE as published), compact (the small-model "
+                            "writer), or auto: compact on the embedded model, standard on others (default: the "
+                            "program's [program] writer, auto)")
     group.add_argument("--prompt-lm", metavar="MODEL", help="model that optimizers use to write instructions")
     group.add_argument("--timeout", type=float, metavar="SECONDS",
                        help="seconds to wait for one model request before retrying it (default 60; [lm] timeout)")
@@ -48,6 +53,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     raw: dict[str, Any] = read_toml(args.config) if getattr(args, "config", None) else {}
     check_tables(raw, getattr(args, "config", None))  # before [program] and [lm], so that their errors come after
     program = ProgramConfig.from_dict(raw.get("program"))
+    writer = getattr(args, "writer", None)
+    if writer:
+        program = dataclasses.replace(program, writer=writer)
     lm = LMConfig.from_dict(raw.get("lm")).with_overrides(
         lm=args.lm, api_base=args.api_base, api_key_env=args.api_key_env,
         analysis_lm=args.analysis_lm, response_lm=args.response_lm,
@@ -62,7 +70,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"))
     return Settings(program=program, lm=lm, raw=raw, config_path=getattr(args, "config", None), lm_explicit=explicit,
                     trust_artifact_lm=bool(getattr(args, "trust_artifact_lm", False)), timeout=timeout,
-                    allow_unverified_model=bool(getattr(args, "allow_unverified_model", False)))
+                    allow_unverified_model=bool(getattr(args, "allow_unverified_model", False)), writer=writer)
 
 
 def add_trace_arg(parser: argparse.ArgumentParser) -> None:

@@ -75,7 +75,9 @@ def _program_switches(program: dict[str, Any]) -> str:
     if not program:
         return "-"
     retrieval = program.get("retrieval") or {}
-    parts = [f"adapter {program.get('adapter', 'auto')}",
+    writer = program.get("writer", "auto")
+    parts = [f"writer {writer}" + (" (compact on the embedded model, standard on others)" if writer == "auto" else ""),
+             f"adapter {program.get('adapter', 'auto')}",
              f"retrieval {'k=' + str(retrieval.get('k')) if retrieval.get('enabled') else 'off'}"]
     for key in ("reasoning", "disabled"):
         if program.get(key):

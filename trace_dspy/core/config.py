@@ -22,20 +22,13 @@ from trace_dspy.core.stages import (  # the stage registry
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold")
 PLANNER_CHOICES: tuple[str, ...] = ("auto", "lm")
+# How the program writes (trace_dspy.program.writers): TRACE as published, or the small-model writer.
+WRITER_CHOICES: tuple[str, ...] = ("auto", "compact", "standard")
 # A config file is a few tables of settings; one far larger is not a config file.
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_PRIOR_K = 8
 MAX_BEST_OF = 8
-MAX_OPENER_VARIETY = 8  # trace_dspy.core.openers.MAX_OPENERS: a fitted table holds at most this many
-# best_of = "auto" on the embedded model: +0.058 [+0.031, +0.088] composite over one reply on 50 ED items.
-AUTO_BEST_OF = 4
-# prior_k = "auto": on the embedded model the prior's first label alone beats the LM choosing among the top 2, 3
-# or 5 (300 ED items: 0.413 / 0.673 against 0.390 / 0.653 for top 5; docs/results/emotion.md, "The first fitted prior"), so a
-# grammar-constrained small model gets 1 candidate (and is not asked: it could only repeat it); other LMs
-# get 5 as a hint.
-AUTO_PRIOR_K = {"constrained": 1, "other": 5}
-
-
+MAX_OPENER_VARIETY = 8  # trace_dspy.compact.openers.MAX_OPENERS: a fitted table holds at most this many
 # The tables a config file may hold: [program] (with its retrieval), [data] and [tracing] are read here, [lm] by
 # trace_dspy.lm.specs, [metric] by trace_dspy.optimize.metric and [optimizer] by trace_dspy.optimize.optimizers.
 TABLES = ("program", "lm", "data", "metric", "optimizer", "tracing")
@@ -122,18 +115,27 @@ class ProgramConfig:
     reflection: run ``reflect`` after the reply: it audits every stage, names the
         earliest faulty one, which is redone with the audit's note together with
         everything after it, at most ``reflection_rounds`` times.
+    writer: how the program writes (trace_dspy.program.writers). ``standard``:
+        TRACE as published, four stages through DSPy's adapters, one reply and
+        an optional Best-of-N by the metric. ``compact``: the small-model writer
+        (trace_dspy.compact): the compact prompt layout, the scaffolded reply,
+        several candidates chosen by a guarded reward, the plan race and the
+        prior's single label. ``auto`` (the default): compact where the reply
+        stage runs on the embedded model or ``reply_format`` asks for chat or
+        scaffold, standard otherwise. The settings below marked "compact
+        writer" are read only by it; ``auto`` values resolve per writer.
     adapter: how prompts are laid out: ``chat`` (DSPy's ChatAdapter), ``compact``
         (fewer layout tokens, for grammar-constrained small models), ``json``, or
-        ``auto``: compact for a constrained LM, chat otherwise.
+        ``auto``: compact under the compact writer, DSPy's own otherwise.
     reply_format: how the reply stage is asked: ``fields`` (the adapter's field
         layout, like every stage), ``chat`` (the conversation as chat turns, the
         plan in words, the reply as the plain answer; see
-        trace_dspy.program.reply_adapter.ChatReplyAdapter), ``scaffold`` (the chat turns,
+        trace_dspy.compact.reply_adapter.ChatReplyAdapter), ``scaffold`` (the chat turns,
         and one sentence per planned mechanism, each begun with an opener the
         model goes on from: "That sounds" for ER, "You must be feeling" for IP,
         "How are you feeling" for EX; see ``scaffold_openers``; a compile with
         ``--opener-items`` ranks each mechanism's openers by the metric and the
-        artifact keeps its own, see trace_dspy.optimize.openers), or ``auto``:
+        artifact keeps its own, see trace_dspy.compact.opener_fit), or ``auto``:
         scaffold for a grammar-constrained small model (the embedded one), where
         it was measured against chat (docs/results/replies.md, "Scaffolded replies"),
         fields otherwise. Artifacts saved before the option existed load as
@@ -161,7 +163,7 @@ class ProgramConfig:
         is drawn from (3: all the stock ones): the one recent replies used
         least, ties broken by a stable hash of the speaker's last turn. Without
         a history (evaluations, compiles) the best one. 1: always the best. A
-        tone band's acknowledgements (``trace_dspy.core.openers.BAND_OPENERS``)
+        tone band's acknowledgements (``trace_dspy.compact.openers.BAND_OPENERS``)
         are all drawn from, with or without a history, whatever this says.
         Artifacts saved before the option existed load with the default.
     variety_penalty: where the program keeps a history of the openings of its
@@ -181,7 +183,7 @@ class ProgramConfig:
     planner: how the plan stage decides. ``auto`` (the default): where the
         artifact holds a fitted ``first_plan`` (a compile found that, on the
         grammar-constrained embedded model, racing fitted plans without the
-        planner's plan scored as well; see trace_dspy.optimize.plans) and the LM
+        planner's plan scored as well; see trace_dspy.compact.plan_fit) and the LM
         is such a model, the planner is not called and the reply race starts
         from that plan. Everywhere else the LM plans. ``lm``: the LM always
         plans. Artifacts without a first plan behave the same under both.
@@ -195,6 +197,7 @@ class ProgramConfig:
 
     reasoning: tuple[str, ...] = ()
     disabled: tuple[str, ...] = ()
+    writer: str = "auto"
     adapter: str = "auto"
     reply_format: str = "auto"
     prior_k: int | str = "auto"
@@ -216,6 +219,12 @@ class ProgramConfig:
         object.__setattr__(self, "disabled", _stage_tuple("disabled", self.disabled, OPTIONAL_STAGES))
         if not isinstance(self.retrieval, RetrievalConfig):
             object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))
+        if self.writer not in WRITER_CHOICES:
+            raise ConfigError(f"writer must be one of {', '.join(WRITER_CHOICES)}, not {self.writer!r}")
+        if self.writer == "standard" and self.reply_format in ("chat", "scaffold"):
+            raise ConfigError(f"reply_format {self.reply_format!r} is the compact writer's layout; the standard "
+                              "writer asks for the reply in DSPy's fields (set writer to compact or auto, or "
+                              "reply_format to fields)")
         if self.adapter not in ADAPTER_CHOICES:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
         if self.reply_format not in REPLY_FORMATS:
@@ -264,7 +273,8 @@ class ProgramConfig:
         return stage in self.reasoning
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "adapter": self.adapter,
+        return {"reasoning": list(self.reasoning), "disabled": list(self.disabled), "writer": self.writer,
+                "adapter": self.adapter,
                 "reply_format": self.reply_format, "prior_k": self.prior_k, "best_of": self.best_of,
                 "best_of_threshold": self.best_of_threshold, "tone_floor": self.tone_floor,
                 "opener_variety": self.opener_variety, "variety_penalty": self.variety_penalty,

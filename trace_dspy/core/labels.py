@@ -89,3 +89,33 @@ def check_plans(plans) -> tuple[tuple[str, str], ...]:
         if pair not in out:
             out.append(pair)
     return tuple(out)
+
+
+# A fitted table of reply openers as an artifact stores it (the compact writer's, trace_dspy.compact.openers).
+OPENER_VALENCES = ("positive", "negative", "any")
+MAX_OPENERS = 8
+MAX_OPENER_CHARS = 40
+
+
+def check_openers(openers) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Fitted openers as stored (valence -> mechanism -> openers, best first), checked; ValueError says what
+    is wrong. Mechanisms a valence leaves out keep the stock openers."""
+    if not isinstance(openers, dict):
+        raise ValueError(f"reply openers must be a table of valences, not {type(openers).__name__}")
+    checked: dict[str, dict[str, tuple[str, ...]]] = {}
+    for valence, table in openers.items():
+        if valence not in OPENER_VALENCES:
+            raise ValueError(f"reply openers: unknown valence {valence!r}; expected {', '.join(OPENER_VALENCES)}")
+        if not isinstance(table, dict):
+            raise ValueError(f"reply openers[{valence!r}] must be a table of mechanisms")
+        checked[valence] = {}
+        for kind, options in table.items():
+            if kind not in STRATEGIES:
+                raise ValueError(f"reply openers[{valence!r}]: unknown mechanism {kind!r}; expected ER, IP or EX")
+            if isinstance(options, str) or not isinstance(options, (list, tuple)) \
+                    or not 1 <= len(options) <= MAX_OPENERS \
+                    or not all(isinstance(o, str) and o.strip() and len(o) <= MAX_OPENER_CHARS for o in options):
+                raise ValueError(f"reply openers[{valence!r}][{kind!r}] must be a list of 1 to {MAX_OPENERS} "
+                                 f"non-empty strings of at most {MAX_OPENER_CHARS} characters")
+            checked[valence][kind] = tuple(o.strip() for o in options)
+    return checked

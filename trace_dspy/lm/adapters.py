@@ -8,7 +8,8 @@ declares, however the prompt is worded.
 type notes repeated in the system and the user message. A 135M model reads
 that slowly and tends to copy the template placeholders. When decoding is
 grammar-constrained (the embedded engine, or a llama.cpp server with
-``server_grammar``), the layout is enforced anyway, so this adapter keeps the
+``server_grammar``), the layout is enforced anyway, so this adapter (the compact
+writer's, ``trace_dspy.compact.writer``) keeps the
 instructions first, lists the fields once, and drops the per-call reminder.
 Replies use the same ``[[ ## field ## ]]`` sections, so ChatAdapter's parser,
 demos and fallbacks apply unchanged.
@@ -99,7 +100,8 @@ class CompactChatAdapter(ConstrainedChatAdapter):
         return ""
 
 
-_COMPACT = CompactChatAdapter()
+# One shared instance: the adapter holds no per-call state.
+COMPACT = CompactChatAdapter()
 ADAPTERS = {"chat": ConstrainedChatAdapter, "compact": CompactChatAdapter, "json": ConstrainedJSONAdapter}
 
 
@@ -108,21 +110,3 @@ def make_adapter(name: str) -> dspy.Adapter:
         return ADAPTERS[name]()
     except KeyError:
         raise ValueError(f"unknown adapter {name!r}; choose from {', '.join(ADAPTERS)}") from None
-
-
-def is_constrained(lm) -> bool:
-    """Does this LM enforce the reply layout with a grammar?"""
-    from trace_dspy.lm.engine import LlamaEngine
-    from trace_dspy.lm.specs import GrammarLM
-
-    if isinstance(lm, GrammarLM):
-        return True
-    engine = getattr(lm, "engine", None)
-    return isinstance(engine, LlamaEngine) and engine.constrained
-
-
-def choose_adapter(choice: str, lm) -> dspy.Adapter | None:
-    """The adapter for a stage call; None keeps whatever dspy.settings holds."""
-    if choice == "auto":
-        return _COMPACT if lm is not None and is_constrained(lm) else None
-    return make_adapter(choice)

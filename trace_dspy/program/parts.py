@@ -188,7 +188,7 @@ class ReplyOpeners(ManifestPart):
 
     @classmethod
     def check(cls, value):
-        from trace_dspy.core.openers import check_openers
+        from trace_dspy.core.labels import check_openers
 
         return check_openers(value) if value else None
 

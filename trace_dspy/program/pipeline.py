@@ -14,6 +14,7 @@ import copy
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import dspy
 
@@ -22,13 +23,11 @@ from trace_dspy.core.config import STAGES, ProgramConfig
 from trace_dspy.core.dialogue import normalize_dialogue
 from trace_dspy.core.labels import ekman_group
 from trace_dspy.core.stages import BY_NAME, REGISTRY
-from trace_dspy.lm.adapters import choose_adapter, is_constrained
 from trace_dspy.program.lm_warnings import quiet_truncation
 from trace_dspy.program.parts import FittedParts
 from trace_dspy.program.reflection import Reflection
-from trace_dspy.program.reply_search import ReplySearch
-from trace_dspy.program.reply_adapter import ChatReplyAdapter, chat_reply_adapter
-from trace_dspy.program.reply_cue import ReplyCue, reply_cue
+from trace_dspy.optimize.selection import MetricCache
+from trace_dspy.program.writers import Writer, writer_for
 from trace_dspy.signatures import OPTIONAL_SIGNATURES, STAGE_SIGNATURES
 
 ALL_SIGNATURES = {**STAGE_SIGNATURES, **OPTIONAL_SIGNATURES}
@@ -40,9 +39,25 @@ _COMMONSENSE_DESC = "Commonsense inferences about the speaker (intent, need, wan
 _CANDIDATES_DESC = ("The emotions a classifier fitted on past conversations finds most likely, with their "
                     "probabilities; usually one of them is right. Empty when no classifier is available.")
 _NOTE_DESC = "An audit's note on an earlier attempt at this stage; empty on the first attempt."
-_PRIOR_DECIDES = "prior (top 1; a constrained LM could only repeat it, so it is not asked)"
 _ATOMIC = (("x_intent", "xIntent"), ("x_need", "xNeed"), ("x_want", "xWant"), ("x_effect", "xEffect"),
            ("x_react", "xReact"))
+
+
+@dataclass(frozen=True)
+class EmotionPath:
+    """Which way the emotion is decided: ``route`` is ``prior`` (the prior's one label, no LM call),
+    ``prior+lm`` (the LM chooses, offered the prior's top ``k``) or ``lm``; ``reason`` says why (for ``lm``)."""
+
+    route: str
+    k: int = 0
+    reason: str = ""
+
+    def __str__(self) -> str:
+        if self.route == "prior":
+            return "prior (top 1; a constrained LM could only repeat it, so it is not asked)"
+        if self.route == "prior+lm":
+            return f"prior+lm (top {self.k})"
+        return f"lm ({self.reason})"
 
 
 def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
@@ -64,7 +79,7 @@ def stage_signature(stage: str, config: ProgramConfig) -> type[dspy.Signature]:
     return sig
 
 
-class TraceProgram(ReplySearch, Reflection, dspy.Module):
+class TraceProgram(dspy.Module):
     """Emotion -> cause -> strategy -> reply, one typed predictor per stage.
 
     Call it with ``dialogue`` (a list of turns, or a string with one
@@ -78,6 +93,11 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
     ``dspy.context``), every stage runs on that one instead. They are applied with
     ``dspy.context`` inside ``forward`` rather than stored on the predictors,
     because optimizers reset predictor LMs when they compile.
+
+    How the reply is written is the writer's (``config.writer``, see
+    ``trace_dspy.program.writers``): TRACE as published, or the compact writer
+    for a small model. With ``reflection`` on, a ``Reflection`` audits the
+    finished pipeline and redoes stages.
     """
 
     def __init__(self, config: ProgramConfig | None = None, stage_lms: Mapping[str, dspy.LM] | None = None,
@@ -86,11 +106,12 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         super().__init__()
         self.config = config or ProgramConfig()
         self._prior_encoder = None
-        # Best-of-N reply reward: None = the default metric's reference-free score.
+        # Best-of-N reply reward: None = the writer's (the default metric's reference-free score).
         self.reward_fn = None
-        self._reward_metric = None  # (the demo replies it guards against, the metric)
-        # The openings of the replies kept lately (trace_dspy.program.reply_variety); None: no history (the default
-        # for evaluations and compiles; respond and chat call remember_openings).
+        self.reward_metrics = MetricCache()  # the reward metrics built so far, shared by copies
+        # The openings of the replies kept lately, which the compact writer varies against; kept only after
+        # remember_openings (respond and chat), not in evaluations and compiles.
+        self.keeps_openings = False
         self.recent_openings = None
         self._situations: dict[str, float | None] = {}  # situation_pleasant, per dialogue
         self._situation_lock = threading.Lock()
@@ -114,7 +135,7 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
 
     def _use_parts(self, parts: FittedParts) -> None:
         """Take ``parts``: the emotion stage has the candidates field only with a prior (so a program without one
-        sends the prompt it always did), and the scaffolded reply's adapter is built once with the openers."""
+        sends the prompt it always did)."""
         self._parts = parts
         self._situations = {}  # another prior reads situations anew
         predictor = getattr(self, "recognize_emotion", None)
@@ -126,17 +147,13 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                     "emotion_candidates", dspy.InputField(desc=_CANDIDATES_DESC), type_=str)
             elif has and not want:
                 predictor.signature = predictor.signature.delete("emotion_candidates")
-        openers = parts["reply_openers"]
-        self._openers_adapter = (ChatReplyAdapter(exemplars=self.config.reply_exemplars, scaffold=True,
-                                                  openers=openers, variety=self.config.opener_variety)
-                                 if openers else None)
 
     def remember_openings(self, size: int | None = None) -> TraceProgram:
-        """Keep the openings of the replies this program writes from now on, so that the reply race prefers a
-        reply that does not open as the recent ones did (``variety_penalty``); returns the program."""
-        from trace_dspy.program.reply_variety import DEFAULT_SIZE, RecentOpenings
-
-        self.recent_openings = RecentOpenings(size or DEFAULT_SIZE)
+        """Keep the openings of the replies this program writes from now on (the last ``size``; None: the
+        writer's default), so that the compact writer prefers a reply that does not open as the recent ones
+        did (``variety_penalty``); returns the program."""
+        self.keeps_openings = size or True
+        self.recent_openings = None
         return self
 
     def with_parts(self, **values) -> TraceProgram:
@@ -192,14 +209,14 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         first = self.first_plan
         return tuple(dict.fromkeys([*([first] if first else []), *self.reply_plans]))
 
+    def writer(self, lm=None) -> Writer:
+        """The writer for the reply stage on ``lm`` (default: the LM it runs on now); see ``config.writer``."""
+        return writer_for(self.config, lm if lm is not None else self.lm_for("generate_response"))
+
     def planner_path(self, lm=None) -> str:
-        """Which way the plan is decided for ``lm``: ``fitted`` (``first_plan``, no LM call) or ``lm``."""
+        """Which way the plan is decided: ``fitted`` (``first_plan``, no LM call; the compact writer's) or ``lm``."""
         predictor = getattr(self, "plan_strategy", None)
-        if (self.config.planner == "auto" and self.first_plan is not None and predictor is not None
-                and lm is not None and is_constrained(lm)
-                and list(predictor.signature.output_fields) == ["strategy", "secondary_strategy"]):
-            return "fitted"
-        return "lm"
+        return "fitted" if self.writer(lm).plan_fitted(self.first_plan, predictor) else "lm"
 
     def set_stage_lms(self, stage_lms: Mapping[str, dspy.LM]) -> TraceProgram:
         unknown = set(stage_lms) - set(STAGES)
@@ -218,48 +235,32 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             return None
         return self._stage_lms.get(stage)
 
-    def _stage_context(self, stage: str):
+    def _stage_context(self, stage: str, writer: Writer | None = None):
+        """The stage's LM (its own, where it has one) and the adapter its writer lays it out with."""
         lm = self._stage_lm(stage)
-        adapter = choose_adapter(self.config.adapter, lm or dspy.settings.lm)
-        reply_format = self.reply_format(lm or dspy.settings.lm) if stage == "generate_response" else None
-        if reply_format == "scaffold" and self._openers_adapter is not None:
-            adapter = self._openers_adapter
-        elif reply_format in ("chat", "scaffold"):
-            adapter = chat_reply_adapter(exemplars=self.config.reply_exemplars, scaffold=reply_format == "scaffold",
-                                         variety=self.config.opener_variety)
+        adapter = (writer or self.writer()).adapter(stage)
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 
-    def reply_cue(self, dialogue):
-        """The reply stage's cue for ``dialogue`` as a context (``trace_dspy.program.reply_cue``): the situation's
-        pleasantness and the history of openings, which the scaffolded reply's openers follow. A no-op for the
-        other layouts, which have no openers."""
-        if self.reply_format(self.lm_for("generate_response")) != "scaffold":
-            return nullcontext()
-        return reply_cue(ReplyCue(pleasant=self.situation_pleasant(dialogue), recent=self.recent_openings))
-
     def reply_format(self, lm=None) -> str:
-        """The reply stage's layout for ``lm`` (``auto`` resolved: scaffold for a constrained small model)."""
-        choice = self.config.reply_format
-        if choice == "auto":
-            return "scaffold" if lm is not None and is_constrained(lm) else "fields"
-        return choice
+        """The reply stage's layout (``fields`` for the standard writer; the compact writer's choice else)."""
+        return self.writer(lm).reply_format()
 
     def best_of(self, lm=None) -> int:
-        """Reply candidates for ``lm`` (``auto`` resolved: several for a constrained small model)."""
-        if self.config.best_of == "auto":
-            from trace_dspy.core.config import AUTO_BEST_OF
+        """How many reply candidates the writer may write (``auto`` resolved by the writer)."""
+        return self.writer(lm).best_of()
 
-            return AUTO_BEST_OF if lm is not None and is_constrained(lm) else 1
-        return self.config.best_of
+    def reply_reward(self, inputs: dict, pred) -> float:
+        """The writer's reference-free score of a reply candidate for the reply stage's ``inputs``: no gold
+        reply, no LM call (``reward_fn`` where set)."""
+        return self.writer().reward(self, inputs, pred)
 
     def __deepcopy__(self, memo):
         # Optimizers deep-copy programs (student, teacher, candidates). The copies
         # share the stage LMs: an LM is a connection, not program state.
-        # The reward metric is a cache (keyed by the demo replies it guards against) holding scorers and a lock;
-        # the fitted openers' adapter holds no per-call state.
+        # The reward metrics are a cache (keyed by the demo replies they guard against) holding scorers and a lock.
         for shared in (*self._stage_lms.values(), self._parts, self._prior_encoder, self.reward_fn,
-                       self._reward_metric, self._openers_adapter):
+                       self.reward_metrics):
             if shared is not None:
                 memo[id(shared)] = shared
         new = self.__class__.__new__(self.__class__)
@@ -288,35 +289,28 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         return [format_exemplar(_last_exchange(h) if last_turn else h) for h in hits]
 
     def prior_k(self, lm=None) -> int:
-        """Candidates the prior offers for ``lm`` (``auto`` resolved: 1 for a constrained small model)."""
-        if self.config.prior_k == "auto":
-            from trace_dspy.core.config import AUTO_PRIOR_K
-
-            return AUTO_PRIOR_K["constrained" if lm is not None and is_constrained(lm) else "other"]
-        return self.config.prior_k
+        """Candidates the prior offers (``auto`` resolved by the writer: 1 for the compact writer, 5 else)."""
+        return self.writer(lm).prior_k()
 
     def lm_for(self, stage: str):
         """The LM ``stage`` runs on now: its own (see ``_stage_lm``), else the one DSPy holds; None: neither."""
         return self._stage_lm(stage) or dspy.settings.lm
 
-    def _prior_decides(self, lm) -> bool:
-        """One candidate, a grammar that could only write it, and no other output: no LM call is needed."""
-        return (self.prior_k(lm) == 1 and lm is not None and is_constrained(lm)
-                and list(self.recognize_emotion.signature.output_fields) == ["emotion"])
-
-    def emotion_path(self, lm=None) -> str:
-        """Which way the emotion is decided: ``prior``, ``prior+lm``, or ``lm`` and why the prior is not used."""
+    def emotion_path(self, lm=None) -> EmotionPath:
+        """Which way the emotion is decided, and why the prior is not used where it is not."""
         if self.config.prior_k == 0:
-            return "lm (prior off: prior_k = 0)"
+            return EmotionPath("lm", reason="prior off: prior_k = 0")
         if self.emotion_prior is None:
-            return "lm (this program has no fitted emotion prior)"
+            return EmotionPath("lm", reason="this program has no fitted emotion prior")
         try:
             self._encoder()
         except Exception as exc:  # PriorError: the embed extra is missing
-            return f"lm ({exc})"
-        if self._prior_decides(lm):
-            return _PRIOR_DECIDES
-        return f"prior+lm (top {self.prior_k(lm)})"
+            return EmotionPath("lm", reason=str(exc))
+        writer = self.writer()
+        emotion_lm = lm if lm is not None else self.lm_for("recognize_emotion")
+        if writer.prior_decides(emotion_lm, self.recognize_emotion):
+            return EmotionPath("prior", k=1)
+        return EmotionPath("prior+lm", k=writer.prior_k())
 
     def _encoder(self):
         if self._prior_encoder is None:
@@ -325,13 +319,12 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
             self._prior_encoder = default_encoder()
         return self._prior_encoder
 
-    def emotion_candidates(self, dialogue: str) -> tuple[list[tuple[str, float]], str]:
+    def emotion_candidates(self, dialogue: str) -> tuple[list[tuple[str, float]], EmotionPath]:
         """The prior's candidates with their probabilities (none without a usable prior) and the path taken."""
-        lm = self.lm_for("recognize_emotion")
-        path = self.emotion_path(lm)
-        if not path.startswith("prior"):
+        path = self.emotion_path()
+        if path.route == "lm":
             return [], path
-        return self.emotion_prior.candidates(dialogue, self.prior_k(lm), self._encoder()), path
+        return self.emotion_prior.candidates(dialogue, path.k, self._encoder()), path
 
     def prior_candidates(self, dialogue, k: int) -> list[tuple[str, float]] | None:
         """The fitted prior's ``k`` most likely labels for ``dialogue``, with their probabilities, whatever the
@@ -390,12 +383,15 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
         pipeline = [s for s in self.config.pipeline() if s != "reflect"]
         self._run_stages([s for s in pipeline if s != "recognize_emotion"], state, outputs, retrieve)
         if self.config.reflection:
-            outputs["audits"] = self._reflect(pipeline, state, outputs)
-        if "reply_rewards" in state:
-            outputs["reply_rewards"] = state["reply_rewards"]
-        if "plan_path" in state:
-            outputs["plan_path"] = state["plan_path"]
+            reflection = Reflection(self.config.reflection_rounds, audit=lambda st: self._call("reflect", st),
+                                    audit_fields=list(self.reflect.signature.output_fields),
+                                    redo=lambda stages, st, out: self._run_stages(stages, st, out, retrieve=False))
+            outputs["audits"] = reflection.run(pipeline, state, outputs)
+        for key in ("reply_rewards", "plan_path"):
+            if key in state:
+                outputs[key] = state[key]
         outputs["emotion_group"] = ekman_group(outputs["emotion"])
+        outputs["writer"] = self.writer().name
         return dspy.Prediction(dialogue=state["dialogue"], exemplars=state["exemplars"], **outputs)
 
     def _recognize(self, dialogue, exemplars: Sequence[str] | None) -> tuple[dict, dict]:
@@ -405,13 +401,14 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
                        "revision_note": ""}
         outputs: dict = {}
         with spans.span("emotion prior", inputs={"dialogue": state["dialogue"]}) as sp:
-            candidates, outputs["emotion_path"] = self.emotion_candidates(state["dialogue"])
+            candidates, path = self.emotion_candidates(state["dialogue"])
+            outputs["emotion_path"] = str(path)
             state["emotion_candidates"] = ""
             if candidates:
                 from trace_dspy.program.emotion_prior import format_candidates
 
                 state["emotion_candidates"] = format_candidates(candidates)
-            if outputs["emotion_path"] == _PRIOR_DECIDES:  # the emotion stage takes it without an LM call
+            if path.route == "prior":  # the emotion stage takes it without an LM call
                 state["prior_label"] = candidates[0][0]
             sp.set_outputs({"candidates": state["emotion_candidates"], "path": outputs["emotion_path"]})
         if state["emotion_candidates"]:
@@ -422,56 +419,53 @@ class TraceProgram(ReplySearch, Reflection, dspy.Module):
     def _run_stages(self, stages: Sequence[str], state: dict, outputs: dict, retrieve: bool) -> None:
         for stage in stages:
             if stage == "plan_strategy" and retrieve:
-                # After the emotion is known: TRACE filters exemplars by its group.
-                with spans.span("retrieval", span_type="RETRIEVER",
-                                inputs={"dialogue": state["dialogue"], "emotion": state.get("emotion")}) as sp:
-                    # A constrained small model reads exemplars cut to their last exchange: the planner's
-                    # prompt is the longest the program reads per dialogue.
-                    lm = self.lm_for("plan_strategy")
-                    state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"),
-                                                       last_turn=lm is not None and is_constrained(lm))
-                    sp.set_outputs(state["exemplars"])
+                self._retrieve_into(state)  # after the emotion is known: TRACE filters exemplars by its group
                 retrieve = False
+            predictor = getattr(self, stage)
             with spans.span(BY_NAME[stage].span or stage) as sp:
                 result = self._call(stage, state)
-                sp.set_inputs({n: state.get(n) for n in getattr(self, stage).signature.input_fields})
-                sp.set_outputs({n: result[n] for n in getattr(self, stage).signature.output_fields})
-            for name in getattr(self, stage).signature.output_fields:
-                value = result[name]
+                sp.set_inputs({n: state.get(n) for n in predictor.signature.input_fields})
+                sp.set_outputs({n: result[n] for n in predictor.signature.output_fields})
+            for name in predictor.signature.output_fields:
                 if name == "reasoning":
-                    outputs[f"{stage}_reasoning"] = value
+                    outputs[f"{stage}_reasoning"] = result[name]
                 else:
-                    state[name] = value
-                    outputs[name] = value
-            if stage == "generate_response" and "plan_choice" in state:  # a further plan's reply was kept
+                    state[name] = outputs[name] = result[name]
+            if "plan_choice" in state:  # the reply race kept a further plan's reply: its plan is the program's
                 outputs.update({k: state[k] for k in ("strategy", "secondary_strategy") if k in state})
                 outputs["reply_plans"] = state.pop("plan_choice")
             if stage == "infer_commonsense":
                 state["commonsense"] = "; ".join(f"{label}: {result[key]}" for key, label in _ATOMIC)
+
+    def _retrieve_into(self, state: dict) -> None:
+        """The exemplars for the dialogue and its emotion, into ``state`` (the compact writer cuts each to its
+        last exchange: the planner's prompt is the longest the program reads per dialogue)."""
+        with spans.span("retrieval", span_type="RETRIEVER",
+                        inputs={"dialogue": state["dialogue"], "emotion": state.get("emotion")}) as sp:
+            state["exemplars"] = self.retrieve(state["dialogue"], state.get("emotion"),
+                                               last_turn=self.writer().exemplars_last_turn)
+            sp.set_outputs(state["exemplars"])
 
     def _call(self, stage: str, state: dict):
         predictor = getattr(self, stage)
         inputs = {name: state[name] for name in predictor.signature.input_fields}
         if stage == "recognize_emotion" and state.get("prior_label"):
             return dspy.Prediction(emotion=state["prior_label"])
+        writer = self.writer()
         if stage == "plan_strategy":
-            state["plan_path"] = self.planner_path(self.lm_for(stage))
+            state["plan_path"] = "fitted" if writer.plan_fitted(self.first_plan, predictor) else "lm"
             if state["plan_path"] == "fitted":  # the compile found the planner call did not pay
                 return dspy.Prediction(strategy=self.first_plan[0], secondary_strategy=self.first_plan[1])
-        cue = self.reply_cue(state["dialogue"]) if stage == "generate_response" else nullcontext()
-        with self._stage_context(stage), cue:
-            if stage == "generate_response" and self.race_plans() and "strategy" in inputs:
-                return self._plan_replies(predictor, inputs, state)
-            if stage == "generate_response" and self.best_of(dspy.settings.lm) > 1:
-                result, rewards = self._best_reply(predictor, inputs)
-                state["reply_rewards"] = rewards
-                return result
+        with self._stage_context(stage, writer):
+            if stage == "generate_response":
+                return writer.write_reply(self, predictor, inputs, state)
             return predictor(**inputs)
 
 
-# What a copy starts afresh: the history of openings (a copy has written nothing yet), the per-dialogue memory of
+# What a copy starts afresh: no history of openings (a copy has written nothing yet), the per-dialogue memory of
 # situation_pleasant (a copy may get another prior) and its lock.
-_FRESH_IN_COPIES = {"recent_openings": lambda: None, "_situations": dict, "_situation_lock": threading.Lock}
+_FRESH_IN_COPIES = {"keeps_openings": lambda: False, "recent_openings": lambda: None, "_situations": dict,
+                    "_situation_lock": threading.Lock}
 
 
 def _last_exchange(hit):

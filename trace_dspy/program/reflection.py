@@ -1,9 +1,14 @@
 """Reflection: an audit of the finished pipeline, then a redo from the earliest faulty stage (bounded rounds).
 
-``TraceProgram`` takes these methods from ``Reflection``; they run only with ``reflection`` on in its config.
+``TraceProgram`` builds a ``Reflection`` when ``reflection`` is on in its config, with the two things it needs
+from the program: how to run the audit stage, and how to run stages again.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import dspy
 
 from trace_dspy.core import spans
 from trace_dspy.core.config import STAGES
@@ -11,12 +16,20 @@ from trace_dspy.core.dialogue import speaker_text
 
 
 class Reflection:
-    """The reflection loop of ``TraceProgram`` (which supplies ``_call``, ``_run_stages`` and ``reflect``)."""
+    """The reflection loop: ``audit(state)`` runs the audit stage, whose outputs are ``audit_fields``;
+    ``redo(stages, state, outputs)`` runs ``stages`` again on the pipeline's state; at most ``rounds`` rounds."""
 
-    def _reflect(self, pipeline: list[str], state: dict, outputs: dict) -> list[dict]:
+    def __init__(self, rounds: int, audit: Callable[[dict], dspy.Prediction], audit_fields: Sequence[str],
+                 redo: Callable[[list[str], dict, dict], None]):
+        self.rounds = rounds
+        self.audit = audit
+        self.audit_fields = [f for f in audit_fields if f != "reasoning"]
+        self.redo = redo
+
+    def run(self, pipeline: list[str], state: dict, outputs: dict) -> list[dict]:
         """Audit, then redo the earliest faulty stage and everything after it; bounded rounds."""
         audits = []
-        for round_ in range(1, self.config.reflection_rounds + 1):
+        for round_ in range(1, self.rounds + 1):
             with spans.span(f"reflection round {round_}") as sp:
                 redo = self._reflect_round(round_, pipeline, state, outputs, audits)
                 sp.set_outputs(audits[-1])
@@ -28,8 +41,8 @@ class Reflection:
     def _reflect_round(self, round_: int, pipeline: list[str], state: dict, outputs: dict,
                        audits: list[dict]) -> str | None:
         """One audit; when it names a faulty stage, redo from there. Returns that stage (None: no redo)."""
-        verdict = self._call("reflect", state)
-        audit = {k: verdict[k] for k in self.reflect.signature.output_fields if k != "reasoning"}
+        verdict = self.audit(state)
+        audit = {k: verdict[k] for k in self.audit_fields}
         checks = self._rule_checks(state)
         audit.update(round=round_, rule_checks=checks)
         named = [verdict.faulty_stage] if verdict.faulty_stage != "none" else []
@@ -42,7 +55,7 @@ class Reflection:
             return None
         notes = [verdict.critique] + [f"Rule broken: {name}." for name, ok in checks.items() if not ok]
         state["revision_note"] = " ".join(n for n in notes if n)
-        self._run_stages(pipeline[pipeline.index(redo):], state, outputs, retrieve=False)
+        self.redo(pipeline[pipeline.index(redo):], state, outputs)
         return redo
 
     @staticmethod

@@ -20,7 +20,7 @@ from trace_dspy.core.jsonl import AppendWriter
 log = logging.getLogger(__name__)
 
 STAGE_FIELDS = (
-    "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
+    "writer", "emotion_candidates", "emotion_path", "emotion", "emotion_group", "trigger_spans", "cause_summary", "cause_category",
     "plan_path", "strategy", "secondary_strategy",
 )
 

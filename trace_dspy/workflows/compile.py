@@ -19,6 +19,7 @@ from trace_dspy.core.console import Progress, heartbeat, say
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.metric import DELTA_KEYS
 from trace_dspy.optimize.optimizers import FitRecords, OptimizerConfig, compile_program
+from trace_dspy.program.writers import part_fitter
 from trace_dspy.store.manifest import Manifest
 from trace_dspy.store.tracking import DEFAULT_EXPERIMENT
 from trace_dspy.workflows.evaluation import (
@@ -220,7 +221,8 @@ def _optimize_and_evaluate(cfg: CompileConfig, prep: _Prepared, tmp: Path, run) 
     with dspy.context(lm=prep.lms.default):
         try:
             result = compile_program(cfg.optimizer, prep.program, prep.metric, prep.train, prep.val,
-                                     prompt_lm=prep.lms.role("prompt"), log=_log)
+                                     prompt_lm=prep.lms.role("prompt"), log=_log,
+                                     fit_parts=part_fitter(cfg.optimizer, prep.metric))
         except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
             first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
             raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
@@ -306,7 +308,7 @@ def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run
         champion=ev.champion,
     )
     # The openers, plans and first plan the optimizer fitted come with the records of their fits
-    # (trace_dspy.optimize.openers, .plans); the index and the prior are saved as files.
+    # (trace_dspy.compact.opener_fit, .plans); the index and the prior are saved as files.
     fitted = ev.compiled.parts.with_records(reply_openers=ev.fits.reply_openers, reply_plans=ev.fits.reply_plans,
                                             first_plan=ev.fits.first_plan)
     extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}

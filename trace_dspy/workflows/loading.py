@@ -204,6 +204,10 @@ def load_for_run(ref: str | None, settings, *, tracking_uri: str | None = None, 
     """
     loaded = _load_program(ref, settings, tracking_uri=tracking_uri, data=data, seed=seed, announce_seed=announce_seed,
                            root=root, attach_lms=attach_lms, stage_lms_default=stage_lms_default)
+    if getattr(settings, "writer", None) and loaded.program.config.writer != settings.writer:
+        import dataclasses
+
+        loaded.program.config = dataclasses.replace(loaded.program.config, writer=settings.writer)
     if remember_openings:
         loaded.program.remember_openings()
     return loaded

@@ -35,6 +35,8 @@ class Settings:
     allow_unverified_model: bool = False
     # --timeout: also applied to the LMs a loaded artifact records.
     timeout: float | None = None
+    # --writer: also applied to a loaded artifact, whose recorded [program] writer it replaces.
+    writer: str | None = None
     data: DataConfig = field(init=False)
     tracing: TracingConfig = field(init=False)
 

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 import trace_dspy
-from trace_dspy.core.openers import PLEASANT_AT_LEAST, UNPLEASANT_AT_MOST
+from trace_dspy.compact.openers import PLEASANT_AT_LEAST, UNPLEASANT_AT_MOST
 from trace_dspy.optimize.tone import tone_valence
-from trace_dspy.program.reply_text import tidy_text
+from trace_dspy.compact.reply_text import tidy_text
 
 LIMIT = 700
 

@@ -1,7 +1,7 @@
 """What a reply says and how it is cleaned: the plan in words, the scaffold's openers and the listener's words.
 
-The reply stage's adapter (``trace_dspy.program.reply_adapter``) asks the model for a reply with these; the
-opener tables themselves are in ``trace_dspy.core.openers``.
+The reply stage's adapter (``trace_dspy.compact.reply_adapter``) asks the model for a reply with these; the
+opener tables themselves are in ``trace_dspy.compact.openers``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from trace_dspy.core.openers import (
+from trace_dspy.compact.openers import (
     BAND_ACKNOWLEDGEMENTS,
     BAND_OPENERS,
     SCAFFOLD_OPENERS,

@@ -1,8 +1,8 @@
 """The openers a scaffolded reply may begin its sentences with, and the valence of an emotion they must suit.
 
-The stock openers, the pool a compile fits from (``trace_dspy.optimize.openers``), the check of a fitted
+The stock openers, the pool a compile fits from (``trace_dspy.compact.opener_fit``), the check of a fitted
 table as an artifact stores it, and which mechanisms a plan's two sentences take. The reply stage writes
-with them in ``trace_dspy.program.reply_text``; they sit below the optimizers, which fit them.
+with them in ``trace_dspy.compact.reply_text``; they sit below the optimizers, which fit them.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def tone_band(pleasant) -> str:
     return "pleasant" if pleasant >= PLEASANT_AT_LEAST else "mixed"
 
 
-# The openers a compile may choose from with --opener-items (trace_dspy.optimize.openers ranks them by the metric
+# The openers a compile may choose from with --opener-items (trace_dspy.compact.opener_fit ranks them by the metric
 # on training dialogues, separately for pleasant and unpleasant emotions, and stores the ranking in the
 # artifact). The stock openers come first; the others range from neutral to toned, and a toned one may only
 # answer its own valence (TONED_OPENERS).
@@ -97,9 +97,6 @@ def opener_suits(opener: str, valence: str) -> bool:
 
 # Fitted openers are kept per valence of the recognized emotion; "any" is the ranking over all dialogues, for an
 # emotion outside the 32 labels.
-OPENER_VALENCES = ("positive", "negative", "any")
-MAX_OPENERS = 8
-MAX_OPENER_CHARS = 40
 _PLEASANT_GROUPS = ("happiness", "surprise")
 
 
@@ -111,30 +108,6 @@ def emotion_valence(emotion) -> str:
     if group is None:
         return "any"
     return "positive" if group in _PLEASANT_GROUPS else "negative"
-
-
-def check_openers(openers) -> dict[str, dict[str, tuple[str, ...]]]:
-    """Fitted openers as stored (valence -> mechanism -> openers, best first), checked; ValueError says what
-    is wrong. Mechanisms a valence leaves out keep the stock openers."""
-    if not isinstance(openers, dict):
-        raise ValueError(f"reply openers must be a table of valences, not {type(openers).__name__}")
-    checked: dict[str, dict[str, tuple[str, ...]]] = {}
-    for valence, table in openers.items():
-        if valence not in OPENER_VALENCES:
-            raise ValueError(f"reply openers: unknown valence {valence!r}; expected {', '.join(OPENER_VALENCES)}")
-        if not isinstance(table, dict):
-            raise ValueError(f"reply openers[{valence!r}] must be a table of mechanisms")
-        checked[valence] = {}
-        for kind, options in table.items():
-            if kind not in SCAFFOLD_OPENERS:
-                raise ValueError(f"reply openers[{valence!r}]: unknown mechanism {kind!r}; expected ER, IP or EX")
-            if isinstance(options, str) or not isinstance(options, (list, tuple)) \
-                    or not 1 <= len(options) <= MAX_OPENERS \
-                    or not all(isinstance(o, str) and o.strip() and len(o) <= MAX_OPENER_CHARS for o in options):
-                raise ValueError(f"reply openers[{valence!r}][{kind!r}] must be a list of 1 to {MAX_OPENERS} "
-                                 f"non-empty strings of at most {MAX_OPENER_CHARS} characters")
-            checked[valence][kind] = tuple(o.strip() for o in options)
-    return checked
 
 
 def scaffold_kinds(inputs: dict) -> list[str]:

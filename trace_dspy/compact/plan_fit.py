@@ -159,10 +159,11 @@ def fit_plans(program, trainset: Sequence[dspy.Example], metric, *,
 
 
 def _constrained(program) -> bool:
-    from trace_dspy.lm.adapters import is_constrained
+    """Is the planner's LM grammar-constrained (where the fitted first plan may stand in for its call)?"""
+    from trace_dspy.lm.kinds import takes_grammar
 
     lm = program.lm_for("plan_strategy")
-    return lm is not None and is_constrained(lm)
+    return lm is not None and takes_grammar(lm)
 
 
 def choose_planless(table: list[dict], options: Sequence[tuple[str, str]], *, max_plans: int = MAX_PLANS,
@@ -197,8 +198,9 @@ def _try_plans(base, example, first, inputs: dict, options: Sequence[tuple[str, 
             trials[plan] = trials["lm"]
             continue
         try:
-            with base._stage_context("generate_response"):
-                result, reward, rewards = base.plan_reply(base.generate_response, inputs, plan)
+            writer = base.writer()
+            with base._stage_context("generate_response", writer):
+                result, reward, rewards = writer.plan_reply(base, base.generate_response, inputs, plan)
             pred = dspy.Prediction(**{**first.toDict(), "response": result.response, "strategy": plan[0],
                                       "secondary_strategy": plan[1]})
             trials[plan] = (float(reward), float(metric(example, pred)))

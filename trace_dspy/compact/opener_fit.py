@@ -9,7 +9,7 @@ on the training dialogues:
 1. each dialogue runs through the program once (one greedy reply, stock
    openers), which fixes the emotion, the cause and the plan;
 2. for each sentence of that plan, every opener of the mechanism's pool
-   (``trace_dspy.core.openers.OPENER_POOL``) writes the reply again in its place,
+   (``trace_dspy.compact.openers.OPENER_POOL``) writes the reply again in its place,
    the other sentence keeping its stock opener, and the metric scores it
    against the dialogue's gold (the same metric the optimizer uses);
 3. per mechanism, the openers are ranked by their mean score, separately for
@@ -37,7 +37,7 @@ from typing import Any
 import dspy
 
 from trace_dspy.core.console import progress
-from trace_dspy.core.openers import (
+from trace_dspy.compact.openers import (
     OPENER_POOL,
     SCAFFOLD_OPENERS,
     emotion_valence,
