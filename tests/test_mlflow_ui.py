@@ -31,7 +31,7 @@ import pytest
 import trace_dspy.lm.specs as lms_module
 from trace_dspy.cli.compile import config_from_args
 from trace_dspy.testing.fakes import fake_lm
-from trace_dspy.workflows.compile import run_compile
+from trace_dspy.workflows.compiling import run_compile
 
 pytestmark = pytest.mark.browser
 

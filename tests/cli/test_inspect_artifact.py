@@ -16,7 +16,7 @@ from trace_dspy.store.artifacts import save_artifact
 from trace_dspy.workflows.loading import load_for_run
 from trace_dspy.workflows.settings import Settings
 from trace_dspy.testing.fakes import fake_lm
-from trace_dspy.workflows.compile import run_compile
+from trace_dspy.workflows.compiling import run_compile
 
 NEW_REPLY_RULES = "Answer in one warm sentence.\nName the thing the speaker lost."
 

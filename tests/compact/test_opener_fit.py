@@ -9,12 +9,15 @@ import pytest
 from conftest import offline_workdir
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.core.openers import TONED_OPENERS, check_openers, emotion_valence
-from trace_dspy.optimize.openers import fit_openers, rank_openers
+from trace_dspy.compact.openers import TONED_OPENERS, emotion_valence
+from trace_dspy.core.labels import check_openers
+from trace_dspy.compact.opener_fit import fit_openers, rank_openers
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
 from trace_dspy.program.pipeline import stage_signature
+from trace_dspy.program.writers import part_fitter
 import trace_dspy
-from trace_dspy.program.reply_adapter import ChatReplyAdapter
+from trace_dspy.compact.reply_adapter import ChatReplyAdapter
+from trace_dspy.compact.scaffold import ScaffoldedReply
 from trace_dspy.store.artifacts import ArtifactError
 from trace_dspy.testing.fakes import fake_lm
 
@@ -114,8 +117,9 @@ def test_the_writer_takes_the_openers_of_the_emotion_s_valence():
         lm, _ = fake_lm(writer(prefills))
         inputs = {"dialogue": "Speaker: news", "emotion": emotion, "strategy": "ER", "secondary_strategy": "EX",
                   "exemplars": []}
-        with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True, openers=fitted)):
-            dspy.Predict(signature)(**{k: inputs.get(k, "") for k in signature.input_fields})
+        with dspy.context(lm=lm):
+            ScaffoldedReply(dspy.Predict(signature), ChatReplyAdapter(scaffold=True), openers=fitted)(
+                **{k: inputs.get(k, "") for k in signature.input_fields})
         assert prefills[0] == opener
         assert prefills[1].endswith("How are you feeling")  # EX was not fitted: the stock opener
     assert (emotion_valence("surprised"), emotion_valence("anxious"), emotion_valence(None)) == (
@@ -139,18 +143,19 @@ def test_bad_opener_tables_are_refused(openers, message):
 def test_compile_program_fits_openers_only_for_a_scaffolded_reply():
     lm, _ = fake_lm(writer(), strategy="ER", secondary_strategy="EX")
     metric = prefers("Wow, that", "I'm so sorry")
+    fits = OptimizerConfig(name="labeled", opener_items=4, plan_items=0)
     with dspy.context(lm=lm):
-        result = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
-                                 scaffolded_program(opener_variety=1), metric, examples(2, 2), [])
+        result = compile_program(fits, scaffolded_program(opener_variety=1), metric, examples(2, 2), [],
+                                 fit_parts=part_fitter(fits, metric))
         compiled = result.program
         assert compiled.reply_openers["negative"]["ER"][0] == "I'm so sorry"
         assert result.fits.reply_openers["items"] == 4
-        off = compile_program(OptimizerConfig(name="labeled", plan_items=0), scaffolded_program(), metric,  # off
-                              examples(2, 2), [])
+        unfitted = OptimizerConfig(name="labeled", plan_items=0)  # off
+        off = compile_program(unfitted, scaffolded_program(), metric, examples(2, 2), [],
+                              fit_parts=part_fitter(unfitted, metric))
         said: list = []
-        fields = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=0),
-                                 TraceProgram(ProgramConfig(reply_format="chat")),
-                                 metric, examples(2, 2), [], log=said.append)
+        fields = compile_program(fits, TraceProgram(ProgramConfig(reply_format="chat")),
+                                 metric, examples(2, 2), [], log=said.append, fit_parts=part_fitter(fits, metric))
     assert off.program.reply_openers is None and fields.program.reply_openers is None
     assert off.fits.reply_openers is None and fields.fits.reply_openers is None
     assert said == ["openers: not fitted: the reply stage is not scaffolded for this LM (reply_format scaffold, "

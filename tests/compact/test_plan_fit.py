@@ -11,7 +11,8 @@ from conftest import offline_workdir
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.labels import check_plans
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
-from trace_dspy.optimize.plans import choose_planless, choose_plans, fit_plans
+from trace_dspy.compact.plan_fit import choose_planless, choose_plans, fit_plans
+from trace_dspy.program.writers import part_fitter
 import trace_dspy
 from trace_dspy.store.artifacts import ArtifactError
 from trace_dspy.testing.fakes import fake_lm
@@ -38,8 +39,12 @@ def prefers(plan: str, score: float = 0.9):
     return scored
 
 
+# The compact writer races the plans; the fields layout lets the fake LM answer by the plan's fields.
+COMPACT = {"writer": "compact", "reply_format": "fields"}
+
+
 def program(**config):
-    return TraceProgram(ProgramConfig(prior_k=0, best_of=1, **config))
+    return TraceProgram(ProgramConfig(**{"prior_k": 0, "best_of": 1, **COMPACT, **config}))
 
 
 def examples(n=4):
@@ -142,10 +147,11 @@ def test_compile_program_chooses_plans_only_when_asked():
     prog.reward_fn = prefers("EX+EX")
     metric = prefers("EX+EX")
     said: list = []
+    fits, unfitted = OptimizerConfig(name="labeled", plan_items=4), OptimizerConfig(name="labeled", plan_items=0)
     with dspy.context(lm=lm):
-        result = compile_program(OptimizerConfig(name="labeled", plan_items=4), prog, metric, examples(), [],
-                                 log=said.append)
-        off = compile_program(OptimizerConfig(name="labeled", plan_items=0), prog, metric, examples(), [])
+        result = compile_program(fits, prog, metric, examples(), [], log=said.append,
+                                 fit_parts=part_fitter(fits, metric))
+        off = compile_program(unfitted, prog, metric, examples(), [], fit_parts=part_fitter(unfitted, metric))
         compiled = result.program
         assert compiled(dialogue="Speaker: my exam went badly.").response == "A reply for EX+EX."
     assert compiled.reply_plans == (("EX", "EX"),) and result.fits.reply_plans["items"] == 4
@@ -162,7 +168,8 @@ def fake_models(monkeypatch, tmp_path):
     offline_workdir(tmp_path, monkeypatch, lm)
     # The compile's reward: replies written for EX+EX are the good ones.
     monkeypatch.setattr(TraceProgram, "reply_reward", lambda self, inputs, pred: prefers("EX+EX")(inputs, pred))
-    (tmp_path / "one.toml").write_text("[program]\nbest_of = 1\nprior_k = 0\n")
+    (tmp_path / "one.toml").write_text('[program]\nbest_of = 1\nprior_k = 0\nwriter = "compact"\n'
+                                       'reply_format = "fields"\n')
     return engine
 
 
@@ -195,12 +202,11 @@ def test_the_compile_saves_the_plans_and_loading_restores_them(fake_models, tmp_
 
 
 def constrained(monkeypatch):
-    """Make every LM count as grammar-constrained (the embedded model's kind) for the plan decisions."""
-    import trace_dspy.lm.adapters as adapters
-    import trace_dspy.program.pipeline as pipeline
+    """Make every LM count as grammar-constrained (the embedded model's kind) for the plan fit, which weighs
+    dropping the planner call only on such an LM."""
+    import trace_dspy.lm.kinds as kinds
 
-    monkeypatch.setattr(adapters, "is_constrained", lambda lm: True)
-    monkeypatch.setattr(pipeline, "is_constrained", lambda lm: True)
+    monkeypatch.setattr(kinds, "takes_grammar", lambda lm: True)
 
 
 def planner_counter(calls: list):
@@ -215,31 +221,35 @@ def planner_counter(calls: list):
     return responder
 
 
-def test_a_fitted_first_plan_replaces_the_planner_only_on_a_constrained_lm(monkeypatch):
+def test_a_fitted_first_plan_replaces_the_planner_only_for_the_compact_writer():
     calls: list = []
     lm, _ = fake_lm(planner_counter(calls))
-    prog = program(reply_format="fields")
+    standard = program(writer="standard")
+    standard.first_plan = "EX+ER"
+    standard.reward_fn = lambda inputs, pred: 0.5
+    with dspy.context(lm=lm):
+        out = standard(dialogue="Speaker: my exam went badly.")
+    # The standard writer: the planner asked, one reply for its plan (no race).
+    assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP" and "reply_plans" not in out
+    prog = program()
     prog.first_plan = "EX+ER"
     prog.reward_fn = lambda inputs, pred: 0.5
-    with dspy.context(lm=lm):
-        out = prog(dialogue="Speaker: my exam went badly.")
-    assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP"  # not constrained: asked
-    assert [t["plan"] for t in out.reply_plans] == ["IP+EX", "EX+ER"]  # and the fitted first plan races it
-    constrained(monkeypatch)
     calls.clear()
     with dspy.context(lm=lm):
         out = prog(dialogue="Speaker: my exam went badly.")
     assert calls == [] and out.plan_path == "fitted"
     assert (out.strategy, out.secondary_strategy, out.response) == ("EX", "ER", "A reply for EX+ER.")
-    # planner = "lm" asks the LM even where a first plan is fitted; none fitted: asked.
-    asked = TraceProgram(ProgramConfig(prior_k=0, best_of=1, reply_format="fields", planner="lm"),
-                         parts=prog.parts)
+    # planner = "lm" asks the LM even where a first plan is fitted, and the fitted first plan races its plan;
+    # none fitted: asked.
+    asked = TraceProgram(ProgramConfig(prior_k=0, best_of=1, planner="lm", **COMPACT), parts=prog.parts)
     asked.reward_fn = prog.reward_fn
     for other in (asked, prog.with_parts(first_plan=None)):
         calls.clear()
         with dspy.context(lm=lm):
             out = other(dialogue="Speaker: my exam went badly.")
         assert calls == ["planner"] and out.plan_path == "lm" and out.strategy == "IP"
+        if other is asked:
+            assert [t["plan"] for t in out.reply_plans] == ["IP+EX", "EX+ER"]
     # The further plans race it.
     prog.reply_plans = ["ER+ER"]
     prog.reward_fn = prefers("ER+ER")
@@ -253,7 +263,7 @@ def test_a_fitted_first_plan_replaces_the_planner_only_on_a_constrained_lm(monke
 def test_the_fit_drops_the_planner_only_for_a_constrained_lm_when_its_plan_does_not_pay(monkeypatch):
     # The LM plans IP+EX; the metric and the reward like EX+EX replies.
     lm, _ = fake_lm(writer(), strategy="IP", secondary_strategy="EX")
-    prog = program(reply_format="fields")
+    prog = program()
     prog.reward_fn = prefers("EX+EX")
     with dspy.context(lm=lm):
         fit = fit_plans(prog, examples(), prefers("EX+EX"))
@@ -288,7 +298,7 @@ def test_the_compile_saves_the_first_plan_and_loading_restores_it(fake_models, t
     from trace_dspy.cli.inspect_artifact import main as inspect
 
     constrained(monkeypatch)
-    (tmp_path / "one.toml").write_text("[program]\nbest_of = 1\nprior_k = 0\nreply_format = \"fields\"\n")
+    # (one.toml, from the fixture: the compact writer in the fields layout)
     argv = ["--config", "one.toml", "--optimizer", "labeled", "--train", "4", "--dev", "2", "--no-mlflow"]
     assert main([*argv, "--plan-items", "4"]) == 0
     path = tmp_path / "artifacts/trace-dspy/v0001/manifest.json"

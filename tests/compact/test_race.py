@@ -1,5 +1,5 @@
-"""How the reply is chosen (program.reply_search): Best-of-N candidates rewarded by the reference-free metric,
-and the race between reply plans."""
+"""How the compact writer chooses the reply (compact.race, optimize.selection): Best-of-N candidates rewarded by
+the reference-free metric, and the race between reply plans."""
 
 from __future__ import annotations
 
@@ -13,6 +13,22 @@ from trace_dspy.testing.fakes import fake_lm
 DIALOGUE = "Speaker: My dog died yesterday."
 REPLIES = ["Okay then.", "That is sad news.", "I am so sorry about your dog; how are you holding up?", "Fine."]
 REWARDS = dict(zip(REPLIES, (0.2, 0.5, 0.9, 0.1)))
+# The compact writer in the fields layout, which the fake LM answers reply by reply.
+COMPACT = {"writer": "compact", "reply_format": "fields"}
+WRITERS = {"compact": COMPACT, "standard": {"writer": "standard"}}
+
+
+def compact(**config) -> ProgramConfig:
+    return ProgramConfig(**{**COMPACT, **config})
+
+
+def embedded_lm(constrained: bool = True) -> dspy.LM:
+    """An LM of the embedded engine's kind (no model loaded: only its kind is asked)."""
+    from trace_dspy.lm.engine import LlamaEngine
+
+    engine = LlamaEngine.__new__(LlamaEngine)
+    engine.constrained = constrained
+    return dspy.LM("local/embedded", engine=engine, cache=False)
 
 
 def run(config, rewards=REWARDS, trace=None):
@@ -25,35 +41,39 @@ def run(config, rewards=REWARDS, trace=None):
     return pred, sum(c.outputs == ("response",) for c in engine.calls), program
 
 
-def test_the_highest_reward_candidate_wins():
-    pred, calls, _ = run(ProgramConfig(best_of=4, best_of_threshold=1.0))
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_the_highest_reward_candidate_wins(writer):
+    # Both writers choose among their candidates the same way (optimize.selection).
+    pred, calls, _ = run(ProgramConfig(**WRITERS[writer], best_of=4, best_of_threshold=1.0))
     assert calls == 4
     assert pred.response == REPLIES[2]
     assert pred.reply_rewards == [0.2, 0.5, 0.9, 0.1]  # every candidate's, in order
 
 
 def test_candidates_stop_at_the_threshold():
-    pred, calls, _ = run(ProgramConfig(best_of=4, best_of_threshold=0.5))
+    pred, calls, _ = run(compact(best_of=4, best_of_threshold=0.5))
     assert (calls, pred.response, pred.reply_rewards) == (2, REPLIES[1], [0.2, 0.5])
     first_good = {**REWARDS, REPLIES[0]: 0.7}
-    pred, calls, _ = run(ProgramConfig(best_of=4, best_of_threshold=0.6), rewards=first_good)
+    pred, calls, _ = run(compact(best_of=4, best_of_threshold=0.6), rewards=first_good)
     assert (calls, pred.response, pred.reply_rewards) == (1, REPLIES[0], [0.7])
 
 
 def test_a_worse_sample_never_replaces_the_first_reply():
     worse = {**REWARDS, REPLIES[0]: 0.95}
-    pred, calls, _ = run(ProgramConfig(best_of=3, best_of_threshold=1.0), rewards=worse)
+    pred, calls, _ = run(compact(best_of=3, best_of_threshold=1.0), rewards=worse)
     assert calls == 3 and pred.response == REPLIES[0] and pred.reply_rewards == [0.95, 0.5, 0.9]
 
 
 def test_one_candidate_is_one_call_and_no_reward():
-    pred, calls, _ = run(ProgramConfig())
-    assert calls == 1 and "reply_rewards" not in pred
+    for config in (compact(best_of=1), ProgramConfig()):  # the standard writer writes one by default
+        pred, calls, _ = run(config)
+        assert calls == 1 and "reply_rewards" not in pred
 
 
-def test_optimizer_traces_name_the_programs_own_predictor():
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_optimizer_traces_name_the_programs_own_predictor(writer):
     trace: list = []
-    _, _, program = run(ProgramConfig(best_of=3, best_of_threshold=1.0), trace=trace)
+    _, _, program = run(ProgramConfig(**WRITERS[writer], best_of=3, best_of_threshold=1.0), trace=trace)
     reply_steps = [p for p, _, o in trace if "response" in o]
     assert reply_steps and all(p is program.generate_response for p in reply_steps)
 
@@ -65,7 +85,7 @@ def test_settings_are_checked():
 
 
 def test_the_default_reward_prefers_an_answer_to_a_parrot():
-    program = TraceProgram(ProgramConfig(best_of=2))
+    program = TraceProgram(compact(best_of=2))
     inputs = {"dialogue": DIALOGUE, "strategy": "ER", "secondary_strategy": "EX", "exemplars": []}
     parrot = program.reply_reward(inputs, dspy.Prediction(response="My dog died yesterday."))
     answer = program.reply_reward(inputs, dspy.Prediction(
@@ -74,7 +94,7 @@ def test_the_default_reward_prefers_an_answer_to_a_parrot():
 
 
 def test_the_default_reward_zeroes_a_pasted_demo_reply():
-    program = TraceProgram(ProgramConfig(best_of=2))
+    program = TraceProgram(compact(best_of=2))
     inputs = {"dialogue": DIALOGUE, "strategy": "ER", "secondary_strategy": "EX", "exemplars": []}
     demo = "I am so sorry about your dog. How are you coping with losing him?"
     assert program.reply_reward(inputs, dspy.Prediction(response=demo)) > 0.2
@@ -84,22 +104,25 @@ def test_the_default_reward_zeroes_a_pasted_demo_reply():
 
 def test_a_program_that_has_scored_replies_can_still_be_copied_by_optimizers():
     """The reward metric cached on the program holds a lock: optimizers' reset_copy() must share it, not copy it."""
-    program = TraceProgram(ProgramConfig(best_of=2))
+    program = TraceProgram(compact(best_of=2))
     inputs = {"dialogue": DIALOGUE, "strategy": "ER", "secondary_strategy": "EX", "exemplars": []}
-    program.reply_reward(inputs, dspy.Prediction(response="I am so sorry about your dog."))
-    assert program._reward_metric is not None
+    reward = program.reply_reward(inputs, dspy.Prediction(response="I am so sorry about your dog."))
     fresh = program.reset_copy()
-    assert fresh._reward_metric is program._reward_metric
+    assert fresh.reward_metrics is program.reward_metrics
     assert fresh.generate_response is not program.generate_response
+    assert fresh.reply_reward(inputs, dspy.Prediction(response="I am so sorry about your dog.")) == reward
 
 
-def test_auto_draws_candidates_only_for_a_constrained_small_model():
+def test_auto_draws_candidates_only_for_the_compact_writer():
     from trace_dspy.lm.specs import GrammarLM
 
     program = TraceProgram(ProgramConfig())
     assert program.config.best_of == "auto"
     assert program.best_of(fake_lm()[0]) == 1
-    assert program.best_of(GrammarLM("openai/local", api_base="http://127.0.0.1:9/v1", api_key="x")) == 4
+    # A grammar alone does not make the writer compact; the embedded model does, constrained or not.
+    assert program.best_of(GrammarLM("openai/local", api_base="http://127.0.0.1:9/v1", api_key="x")) == 1
+    assert program.best_of(embedded_lm()) == 4 and program.best_of(embedded_lm(constrained=False)) == 4
+    assert TraceProgram(ProgramConfig(writer="compact")).best_of(fake_lm()[0]) == 4
     assert TraceProgram(ProgramConfig(best_of=2)).best_of(fake_lm()[0]) == 2
 
 
@@ -119,7 +142,7 @@ def race(firsts: dict, samples: dict, threshold: float, best_of: int = 3):
         return firsts[plan] if number == "0" else samples[plan][int(number) - 1]
 
     lm, _ = fake_lm(response=reply)
-    program = TraceProgram(ProgramConfig(best_of=best_of, best_of_threshold=threshold))
+    program = TraceProgram(compact(best_of=best_of, best_of_threshold=threshold))
     program.reply_plans = (("EX", "EX"), ("ER", "ER"))
     program.reward_fn = reward
     with dspy.context(lm=lm):
@@ -160,7 +183,7 @@ def test_sampling_starts_at_the_best_plan_and_keeps_the_best_candidate_found():
 def test_the_shipped_reward_prefers_a_reply_about_the_speaker():
     """The reply reward with the shipped heads (no LM): replies that are not about the speaker's situation, or
     that speak as the speaker, lose to plain ones that are."""
-    program = TraceProgram()
+    program = TraceProgram(ProgramConfig(writer="compact"))
 
     def reward(message: str, reply: str) -> float:
         inputs = {"dialogue": f"Speaker: {message}", "emotion": "sad", "strategy": "ER", "secondary_strategy": "EX",

@@ -1,5 +1,6 @@
-"""The chat-native reply layout (program.reply_adapter): the conversation as chat turns, the reply as the plain
-answer, the scaffolded reply, and the program's choice of layout. The text helpers: test_reply_text.py."""
+"""The chat-native reply layout (compact.reply_adapter): the conversation as chat turns, the reply as the plain
+answer; the scaffolded reply (compact.scaffold) through it, and the program's choice of layout. The text helpers:
+test_reply_text.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
+from trace_dspy.compact.reply_adapter import ChatReplyAdapter
+from trace_dspy.compact.reply_text import question_clause
+from trace_dspy.compact.scaffold import ScaffoldedReply
 from trace_dspy.program.pipeline import stage_signature
-from trace_dspy.program.reply_adapter import ChatReplyAdapter
-from trace_dspy.program.reply_text import question_clause
 from trace_dspy.testing.fakes import fake_lm
 
 DIALOGUE = "Speaker: I lost my wallet on the bus.\nListener: Oh no, did you report it?\nSpeaker: Yes, but nobody handed it in."
@@ -20,6 +22,14 @@ def reply_inputs(**extra):
     return {"dialogue": DIALOGUE, "emotion": "sad", "trigger_spans": ["I lost my wallet on the bus."],
             "cause_summary": "A lost wallet.", "cause_category": "Loss & Grief", "strategy": "EX",
             "secondary_strategy": "ER", "exemplars": ["Speaker: x\nListener (reply): COPY ME"], **extra}
+
+
+def scaffolded(lm, inputs: dict, openers=None) -> dspy.Prediction:
+    """The scaffolded reply to the reply stage's ``inputs``, written on ``lm`` with ``openers`` (None: stock)."""
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    module = ScaffoldedReply(dspy.Predict(signature), ChatReplyAdapter(scaffold=True), openers=openers)
+    with dspy.context(lm=lm):
+        return module(**{k: v for k, v in inputs.items() if k in signature.input_fields})
 
 
 def test_the_conversation_becomes_chat_turns_and_the_plan_words():
@@ -55,7 +65,7 @@ def test_other_stages_keep_the_field_layout():
 
 def test_the_program_answers_through_the_chat_layout():
     lm, engine = fake_lm(response="Listener: That sounds stressful. Was there anything important in it?")
-    program = TraceProgram(ProgramConfig(reply_format="chat"))
+    program = TraceProgram(ProgramConfig(reply_format="chat", best_of=1))
     with dspy.context(lm=lm):
         pred = program(dialogue=DIALOGUE)
     assert pred.response == "That sounds stressful. Was there anything important in it?"
@@ -80,7 +90,7 @@ def test_reply_format_is_validated_and_recorded():
     assert ProgramConfig().reply_format == "auto"
 
 
-def test_auto_picks_a_chat_layout_for_a_constrained_model_and_fields_otherwise():
+def test_auto_picks_a_chat_layout_for_the_compact_writer_and_fields_otherwise():
     from trace_dspy.lm.specs import GrammarLM
 
     program = TraceProgram()
@@ -88,8 +98,9 @@ def test_auto_picks_a_chat_layout_for_a_constrained_model_and_fields_otherwise()
     assert program.reply_format(lm) == "fields"
     assert program.reply_format(None) == "fields"
     constrained = GrammarLM.__new__(GrammarLM)  # no connection needed to ask its kind
-    assert program.reply_format(constrained) == "scaffold"
-    assert TraceProgram(ProgramConfig(reply_format="fields")).reply_format(constrained) == "fields"
+    assert program.reply_format(constrained) == "fields"  # a grammar alone does not make the writer compact
+    assert TraceProgram(ProgramConfig(writer="compact")).reply_format(lm) == "scaffold"
+    assert TraceProgram(ProgramConfig(writer="compact", reply_format="fields")).reply_format(lm) == "fields"
 
 
 def test_artifacts_saved_before_the_option_keep_the_field_layout(tmp_path):
@@ -130,7 +141,7 @@ def test_with_reply_exemplars_the_writer_sees_the_retrieved_conversations_as_pro
                              {"role": "assistant", "content": "Ha, I've done that too. Were you relieved?"}]
     assert messages[5]["content"] == "I lost my wallet on the bus."
     # The program routes its config to the matching adapter.
-    from trace_dspy.program.reply_adapter import chat_reply_adapter
+    from trace_dspy.compact.reply_adapter import chat_reply_adapter
 
     assert chat_reply_adapter(exemplars=True).exemplars and not chat_reply_adapter().exemplars
 
@@ -173,9 +184,7 @@ def _continuing(prefills: list):
 def test_the_scaffolded_reply_is_one_continued_sentence_per_mechanism():
     prefills: list = []
     lm, engine = fake_lm(_continuing(prefills))
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
+    pred = scaffolded(lm, reply_inputs())
     assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
     # The second sentence continues after the first: both are in its prefill.
     assert prefills == ["That sounds", "That sounds awful, losing it on the bus. How are you feeling"]
@@ -197,14 +206,12 @@ def test_a_question_ends_at_its_first_comma():
     goes_on = {"That sounds": " awful, losing it on the bus.", "How are you feeling": " about it now, my friend? I"}
     lm, _ = fake_lm(lambda outputs, inputs: {"response": next(
         v for k, v in goes_on.items() if inputs["prefill"].endswith(k))} if "prefill" in inputs else {})
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
+    pred = scaffolded(lm, reply_inputs())
     assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
 
 
 def test_an_opener_continued_with_a_comma_is_not_gone_on_from_unless_it_is_an_interjection():
-    from trace_dspy.core.openers import comma_may_follow
+    from trace_dspy.compact.openers import comma_may_follow
 
     assert comma_may_follow("Oh, wow") and not comma_may_follow("That must be so")
     assert not comma_may_follow("I can imagine how") and not comma_may_follow("How are you feeling")
@@ -220,45 +227,36 @@ def test_an_opener_continued_with_a_comma_is_not_gone_on_from_unless_it_is_an_in
         return {"response": next(v for k, v in goes_on.items() if inputs["prefill"].endswith(k))}
 
     lm, _ = fake_lm(answer)
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    inputs = reply_inputs(strategy="IP", secondary_strategy="EX")
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    pred = scaffolded(lm, reply_inputs(strategy="IP", secondary_strategy="EX"))
     assert prefills[:2] == ["You must be feeling", "I can imagine how"]
     assert pred.response == "I can imagine how proud you are. How are you feeling about it?"
     # After an interjection the comma is the sentence's own.
     goes_on = {"Oh, wow": ", that's wonderful.", "How are you feeling": " about it?"}
-    inputs = reply_inputs(strategy="ER", secondary_strategy="EX")
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True, openers={"any": {"ER": ["Oh, wow"]}})):
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    pred = scaffolded(lm, reply_inputs(strategy="ER", secondary_strategy="EX"),
+                      openers={"any": {"ER": ["Oh, wow"]}})
     assert pred.response.startswith("Oh, wow, that's wonderful.")
 
 
 def test_an_opener_the_model_does_not_go_on_from_is_left_out_and_candidates_vary():
-    from trace_dspy.program.reply_text import scaffold_openers
+    from trace_dspy.compact.reply_text import scaffold_openers
 
     prefills: list = []
     lm, _ = fake_lm(_continuing(prefills))
     inputs = reply_inputs(strategy="EX", secondary_strategy="EX")
     assert scaffold_openers(inputs, 1) == ["Oh, that is", "How did"]
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)):  # BestOfN's first sample
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    pred = scaffolded(lm.copy(rollout_id=0), inputs)  # BestOfN's first sample
     assert pred.response == "How did you lose your wallet?"
     # The model went on from neither the lead nor the next candidate's lead in its place.
     assert prefills == ["Oh, that is", "Oh, wow", "How did"]
     # A question opener made a statement is not kept: the next candidate's question is asked in its place, as
     # the next lead is where the model does not go on from this one.
-    with dspy.context(lm=lm.copy(rollout_id=1), adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    pred = scaffolded(lm.copy(rollout_id=1), inputs)
     assert prefills[3:] == ["Oh, wow", "That sounds", "That sounds awful, losing it on the bus. How are you",
                             "That sounds awful, losing it on the bus. How are you feeling"]
     assert pred.response == "That sounds awful, losing it on the bus. How are you feeling about it now?"
     # A second sentence that only says the first one's words again is cut to its opener, and left out (as is the
     # next candidate's in its place, which says them too).
-    inputs = reply_inputs(strategy="IP", secondary_strategy="IP")
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields})
+    pred = scaffolded(lm, reply_inputs(strategy="IP", secondary_strategy="IP"))
     assert pred.response == "You must be feeling low about losing it on the bus."
 
 
@@ -274,11 +272,11 @@ def test_the_program_writes_scaffolded_candidates_and_keeps_the_best():
     assert prefills[0] == "That sounds" and "Oh, that is" in prefills
 
 
-def test_auto_picks_the_scaffold_for_a_constrained_model():
+def test_auto_picks_the_scaffold_for_the_compact_writer():
     from trace_dspy.lm.specs import GrammarLM
 
     constrained = GrammarLM.__new__(GrammarLM)
-    assert TraceProgram().reply_format(constrained) == "scaffold"
+    assert TraceProgram(ProgramConfig(writer="compact")).reply_format(constrained) == "scaffold"
     assert TraceProgram(ProgramConfig(reply_format="chat")).reply_format(constrained) == "chat"
 
 
@@ -289,9 +287,7 @@ def test_when_the_model_goes_on_from_no_opener_the_reply_is_asked_for_whole():
         return {"response": "." if inputs["prefill"] else "Oh no. Did anyone hand it in?"}
 
     lm, _ = fake_lm(responder)
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)):
-        pred = dspy.Predict(signature)(**{k: v for k, v in reply_inputs().items() if k in signature.input_fields})
+    pred = scaffolded(lm, reply_inputs())
     assert pred.response == "Oh no. Did anyone hand it in?"
     # Each opener and the next candidate's in its place were tried before the whole reply was asked for.
     assert [m[-1]["role"] for m in (h["messages"] for h in lm.history)] == ["assistant"] * 4 + ["user"]

@@ -1,29 +1,43 @@
-"""The reply cue (program.reply_cue): set for its block only, and read by the scaffolded reply, so that a sure tone
-is acknowledged in a whole sentence of that tone. The opener tables it chooses from: test_reply_text.py."""
+"""The reply cue (compact.reply_cue): passed with each scaffolded reply call, whose openers it picks, so that a
+sure tone is acknowledged in a whole sentence of that tone. The opener tables it chooses from: test_reply_text.py."""
 
 from __future__ import annotations
 
 import dspy
-import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
-from trace_dspy.core.openers import BAND_OPENERS, SCAFFOLD_OPENERS, WHOLE_QUESTIONS
+from trace_dspy.compact.openers import BAND_OPENERS, SCAFFOLD_OPENERS, WHOLE_QUESTIONS
+from trace_dspy.compact.reply_adapter import ChatReplyAdapter
+from trace_dspy.compact.reply_cue import ReplyCue
+from trace_dspy.compact.reply_text import openers_for, scaffold_openers, spare_openers
+from trace_dspy.compact.scaffold import ScaffoldedReply
 from trace_dspy.program.pipeline import stage_signature
-from trace_dspy.program.reply_adapter import ChatReplyAdapter
-from trace_dspy.program.reply_cue import ReplyCue, current_cue, reply_cue
-from trace_dspy.program.reply_text import openers_for, scaffold_openers, spare_openers
 from trace_dspy.testing.fakes import fake_lm
 
 PLAN = {"strategy": "ER", "secondary_strategy": "EX"}
 
 
-def test_the_cue_is_set_for_its_block_only():
-    assert current_cue() == ReplyCue()
-    with pytest.raises(RuntimeError):
-        with reply_cue(ReplyCue(pleasant=0.9)):
-            assert current_cue().band == "pleasant"
-            raise RuntimeError("the reply failed")
-    assert current_cue() == ReplyCue()  # restored after an error too
+def _scaffolded() -> tuple[ScaffoldedReply, dict]:
+    """A scaffolded reply over the reply stage's predictor, and the stage's inputs for a stolen bike."""
+    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
+    inputs = {"dialogue": "Speaker: Someone stole my bike.", "emotion": "sad", **PLAN}
+    module = ScaffoldedReply(dspy.Predict(signature), ChatReplyAdapter(scaffold=True))
+    return module, {k: v for k, v in inputs.items() if k in signature.input_fields}
+
+
+def test_each_call_s_cue_picks_its_openers_and_does_not_leak_into_the_next():
+    prefills: list = []
+    lm, _ = fake_lm(_writer(prefills))
+    module, inputs = _scaffolded()
+    with dspy.context(lm=lm):
+        pleasant = module(cue=ReplyCue(pleasant=0.9), **inputs).response
+        unpleasant = module(cue=ReplyCue(pleasant=0.02), **inputs).response
+        unsure = module(**inputs).response  # no cue: no tone band, the stock openers
+        again = module(cue=ReplyCue(pleasant=0.9), **inputs).response
+    assert any(pleasant.startswith(ack) for ack in BAND_OPENERS["pleasant"]["ER"]), pleasant
+    assert any(unpleasant.startswith(ack) for ack in BAND_OPENERS["unpleasant"]["ER"]), unpleasant
+    assert any(unsure.startswith(f"{opener} awful.") for opener in SCAFFOLD_OPENERS["ER"]), unsure
+    assert again == pleasant
 
 
 def _writer(prefills: list, stuck: str = ""):
@@ -43,10 +57,9 @@ def _writer(prefills: list, stuck: str = ""):
 
 
 def _reply(lm, pleasant: float) -> str:
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    inputs = {"dialogue": "Speaker: Someone stole my bike.", "emotion": "sad", **PLAN}
-    with dspy.context(lm=lm, adapter=ChatReplyAdapter(scaffold=True)), reply_cue(ReplyCue(pleasant=pleasant)):
-        return dspy.Predict(signature)(**{k: v for k, v in inputs.items() if k in signature.input_fields}).response
+    module, inputs = _scaffolded()
+    with dspy.context(lm=lm):
+        return module(cue=ReplyCue(pleasant=pleasant), **inputs).response
 
 
 def test_a_band_acknowledgement_is_continued_and_a_stuck_one_gives_way_to_the_next():
@@ -73,11 +86,9 @@ def test_a_band_acknowledgement_is_continued_and_a_stuck_one_gives_way_to_the_ne
     assert BAND_OPENERS["unpleasant"]["EX"][1] in WHOLE_QUESTIONS
     prefills.clear()
     lm, _ = fake_lm(_writer(prefills))
-    signature = stage_signature("generate_response", ProgramConfig(reply_format="scaffold"))
-    dialogue = {"dialogue": "Speaker: Someone stole my bike.", "emotion": "sad", **PLAN}
-    with dspy.context(lm=lm.copy(rollout_id=0), adapter=ChatReplyAdapter(scaffold=True)), \
-            reply_cue(ReplyCue(pleasant=0.02)):
-        reply = dspy.Predict(signature)(**{k: v for k, v in dialogue.items() if k in signature.input_fields}).response
+    module, inputs = _scaffolded()
+    with dspy.context(lm=lm.copy(rollout_id=0)):
+        reply = module(cue=ReplyCue(pleasant=0.02), **inputs).response
     assert reply == f"{ack} your bike. How are you holding up?"
     assert prefills == [ack]
 

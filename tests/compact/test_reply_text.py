@@ -7,7 +7,7 @@ import pytest
 
 from trace_dspy import ProgramConfig
 from trace_dspy.core.config import ConfigError
-from trace_dspy.core.openers import (
+from trace_dspy.compact.openers import (
     BAND_ACKNOWLEDGEMENTS,
     BAND_OPENERS,
     PLEASANT_AT_LEAST,
@@ -15,8 +15,8 @@ from trace_dspy.core.openers import (
     UNPLEASANT_AT_MOST,
     tone_band,
 )
-from trace_dspy.program.reply_cue import ReplyCue
-from trace_dspy.program.reply_text import (
+from trace_dspy.compact.reply_cue import ReplyCue
+from trace_dspy.compact.reply_text import (
     clean_reply,
     first_sentence,
     opener_offset,
@@ -25,7 +25,7 @@ from trace_dspy.program.reply_text import (
     scaffold_openers,
     tidy_text,
 )
-from trace_dspy.program.reply_variety import RecentOpenings, opening
+from trace_dspy.compact.reply_variety import RecentOpenings, opening
 
 PLAN = {"strategy": "ER", "secondary_strategy": "EX"}
 

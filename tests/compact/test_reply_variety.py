@@ -7,9 +7,12 @@ import pytest
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import ConfigError
-from trace_dspy.program.reply_variety import RecentOpenings, opening
+from trace_dspy.compact.reply_variety import RecentOpenings, opening
+from trace_dspy.compact.writer import opening_history
 from trace_dspy.testing.fakes import fake_lm
 
+# The compact writer races the plans; the fields layout lets the fake LM answer by the plan's fields.
+COMPACT = {"writer": "compact", "reply_format": "fields"}
 REPLIES = {"IP+EX": "That sounds hard. What happened next?", "EX+EX": "Oh no, that is hard. How are you now?"}
 
 
@@ -21,13 +24,13 @@ def writer(outputs, inputs):
 
 def race(penalty: float, history: list[str] | None):
     lm, _ = fake_lm(writer, strategy="IP", secondary_strategy="EX")
-    program = TraceProgram(ProgramConfig(prior_k=0, best_of=1, variety_penalty=penalty))
+    program = TraceProgram(ProgramConfig(prior_k=0, best_of=1, variety_penalty=penalty, **COMPACT))
     program.reply_plans = ["EX+EX"]
     program.reward_fn = lambda inputs, pred: 0.5  # every reply ties
     if history is not None:
         program.remember_openings(size=4)
         for reply in history:
-            program.recent_openings.add(reply)
+            opening_history(program).add(reply)
     with dspy.context(lm=lm):
         return program(dialogue="Speaker: my exam went badly."), program
 
@@ -46,11 +49,11 @@ def test_the_penalty_changes_the_choice_when_two_candidates_tie():
 
 def test_a_clear_winner_is_kept_whatever_it_opens_with():
     lm, _ = fake_lm(writer, strategy="IP", secondary_strategy="EX")
-    program = TraceProgram(ProgramConfig(prior_k=0, best_of=1)).remember_openings(size=4)
+    program = TraceProgram(ProgramConfig(prior_k=0, best_of=1, **COMPACT)).remember_openings(size=4)
     program.reply_plans = ["EX+EX"]
     program.reward_fn = lambda inputs, pred: 0.9 if pred.response.startswith("That") else 0.5
     for reply in ["That sounds awful.", "That sounds fine."]:
-        program.recent_openings.add(reply)
+        opening_history(program).add(reply)
     with dspy.context(lm=lm):
         assert program(dialogue="Speaker: my exam went badly.").response == REPLIES["IP+EX"]
 
@@ -71,12 +74,13 @@ def test_openings_and_history():
 
 def test_copies_start_without_a_history():
     program = TraceProgram().remember_openings()
-    program.recent_openings.add("That sounds fine.")
-    assert program.deepcopy().recent_openings is None and len(program.recent_openings) == 1
+    opening_history(program).add("That sounds fine.")
+    copy = program.deepcopy()
+    assert copy.recent_openings is None and opening_history(copy) is None and len(program.recent_openings) == 1
 
 
 def test_best_of_n_samples_stand_by_the_penalty_too():
-    from trace_dspy.program.reply_variety import RecentOpenings as History
+    from trace_dspy.compact.reply_variety import RecentOpenings as History
 
     replies = iter(["That sounds hard. How are you?", "That sounds bad. How are you?", "Oh no. How are you?"])
 
@@ -84,7 +88,8 @@ def test_best_of_n_samples_stand_by_the_penalty_too():
         return {"response": next(replies)} if "response" in outputs else {}
 
     lm, _ = fake_lm(writer, strategy="ER", secondary_strategy="EX")
-    program = TraceProgram(ProgramConfig(prior_k=0, best_of=3, best_of_threshold=1.0, variety_penalty=0.2))
+    program = TraceProgram(ProgramConfig(prior_k=0, best_of=3, best_of_threshold=1.0, variety_penalty=0.2,
+                                         **COMPACT))
     program.recent_openings = History(4)
     for said in ("That sounds fine.", "That sounds long."):
         program.recent_openings.add(said)

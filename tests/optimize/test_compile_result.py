@@ -10,6 +10,7 @@ import dspy
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.core.config import DataConfig
 from trace_dspy.optimize.optimizers import OptimizerConfig, compile_program
+from trace_dspy.program.writers import part_fitter
 from trace_dspy.testing.fakes import fake_lm
 
 FIT_RECORD_NAMES = ("opener_fit", "plan_fit", "first_plan_fit")
@@ -34,9 +35,9 @@ def test_the_optimizer_returns_the_fit_records_beside_a_program_that_does_not_ca
     program = TraceProgram(ProgramConfig(reply_format="scaffold", prior_k=0, best_of=1))
     trainset = [dspy.Example(dialogue=f"Speaker: My cat ran away this morning, day {i}.", response="Oh no.")
                 .with_inputs("dialogue") for i in range(4)]
+    cfg = OptimizerConfig(name="labeled", opener_items=4, plan_items=4)
     with dspy.context(lm=lm):
-        result = compile_program(OptimizerConfig(name="labeled", opener_items=4, plan_items=4), program, metric,
-                                 trainset, [])
+        result = compile_program(cfg, program, metric, trainset, [], fit_parts=part_fitter(cfg, metric))
     fits = result.fits
     records = [fits.reply_openers, fits.reply_plans, fits.first_plan]
     assert [record["items"] for record in records] == [4, 4, 4]
@@ -51,7 +52,7 @@ def test_the_optimizer_returns_the_fit_records_beside_a_program_that_does_not_ca
 
 def test_the_compile_config_holds_the_data_sizes_once():
     from trace_dspy.cli.compile import config_from_args
-    from trace_dspy.workflows.compile import CompileConfig
+    from trace_dspy.workflows.compiling import CompileConfig
 
     repeated = {f.name for f in dataclasses.fields(CompileConfig)} & {f.name for f in dataclasses.fields(DataConfig)}
     assert not repeated, f"CompileConfig repeats DataConfig's {sorted(repeated)}"

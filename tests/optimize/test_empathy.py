@@ -280,7 +280,7 @@ def test_a_constant_reply_program_scores_below_a_diverse_one_and_is_flagged(scor
 
 
 def test_validity_search_ranks_weights_by_the_nearer_target():
-    from trace_dspy.bench import metric_validity as mv
+    from trace_dspy.bench import validity as mv
 
     def row(emp, rel, rules, grounded=1.0):
         return {"empathy": emp, "relevance": rel, "rules": rules, "grounded": grounded}

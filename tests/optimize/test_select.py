@@ -10,7 +10,7 @@ from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig, c
 from trace_dspy import TraceProgram
 from trace_dspy.data.sources import load_splits, resolve_source
 from trace_dspy.testing.fakes import ScriptedEngine
-from trace_dspy.workflows.compile import selection_set
+from trace_dspy.workflows.compiling import selection_set
 
 TRAIN_REPLY = "Oh no, that ring meant so much to you. Did anyone hand it in at the beach office?"
 

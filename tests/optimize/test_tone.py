@@ -131,7 +131,9 @@ def test_a_candidate_with_the_wrong_tone_loses_to_one_with_the_right_tone(monkey
     for floor in (0.5, 0.0):
         replies = iter(["That is great, your dog! How are you doing?", "That is sad, your dog. How are you doing?"])
         lm, _ = fake_lm(response=lambda inputs: next(replies), emotion="sad")
-        program = TraceProgram(ProgramConfig(best_of=2, best_of_threshold=1.0, tone_floor=floor))
+        # The compact writer's reward guards the tone; the fields layout lets the fake LM answer reply by reply.
+        program = TraceProgram(ProgramConfig(writer="compact", reply_format="fields", best_of=2,
+                                             best_of_threshold=1.0, tone_floor=floor))
         with dspy.context(lm=lm):
             results[floor] = program(dialogue="Speaker: My dog died yesterday.", exemplars=[])
     guarded, unguarded = results[0.5], results[0.0]

@@ -201,7 +201,8 @@ def test_artifacts_carry_the_prior_and_old_ones_load_without(prior, tmp_path, mo
 
 
 def test_auto_k_lets_the_prior_decide_on_a_constrained_model_and_hints_elsewhere(prior, monkeypatch):
-    import trace_dspy.program.pipeline as pipeline
+    from trace_dspy.lm.specs import GrammarLM
+    from trace_dspy.testing.fakes import ScriptedEngine
 
     monkeypatch.setattr(ep, "default_encoder", lambda: fake_encode)
     program = TraceProgram(ProgramConfig(), emotion_prior=prior)  # prior_k = "auto"
@@ -213,8 +214,15 @@ def test_auto_k_lets_the_prior_decide_on_a_constrained_model_and_hints_elsewhere
     (emotion_call,) = [c for c in engine.calls if "emotion" in c.outputs and "response" not in c.outputs]
     offered = emotion_call.inputs["emotion_candidates"].count("%")
     assert offered == min(5, len(prior.labels)) > 1 and out.emotion_path == "prior+lm (top 5)"
-    # A grammar-constrained small model: the one candidate is the answer, and the emotion stage makes no call.
-    monkeypatch.setattr(pipeline, "is_constrained", lambda lm: True)
+    # A grammar alone does not make the writer compact: still a hint.
+    engine = ScriptedEngine(responder=lambda outputs, inputs: {"emotion": "joyful"} if "emotion" in outputs else {})
+    grammar_lm = GrammarLM("fake/scripted", engine=engine, cache=False)
+    with dspy.context(lm=grammar_lm):
+        assert str(program.emotion_path()) == "prior+lm (top 5)"
+    # The compact writer on a grammar-constrained model: the one candidate is the answer, and the emotion stage
+    # makes no call (the later stages run on an LM without the grammar: the fake engine takes no grammar).
+    program = TraceProgram(ProgramConfig(writer="compact", best_of=1), emotion_prior=prior,
+                           stage_lms={"recognize_emotion": grammar_lm})
     lm, engine = fake_lm(lambda outputs, inputs: {"emotion": "joyful"} if "emotion" in outputs else {})
     with dspy.context(lm=lm):
         out = program(dialogue=dialogue)
@@ -223,6 +231,6 @@ def test_auto_k_lets_the_prior_decide_on_a_constrained_model_and_hints_elsewhere
     assert not [c for c in engine.calls if "emotion" in c.outputs and "response" not in c.outputs]
     assert any("cause_summary" in c.outputs for c in engine.calls)  # the later stages still ran
     # With a reasoning field the stage has more to write than the label: the LM is still asked.
-    reasoning = TraceProgram(ProgramConfig(reasoning=("recognize_emotion",)), emotion_prior=prior)
-    with dspy.context(lm=lm):
-        assert reasoning(dialogue=dialogue).emotion_path == "prior+lm (top 1)"
+    reasoning = TraceProgram(ProgramConfig(writer="compact", reasoning=("recognize_emotion",)), emotion_prior=prior)
+    with dspy.context(lm=grammar_lm):
+        assert str(reasoning.emotion_path()) == "prior+lm (top 1)"

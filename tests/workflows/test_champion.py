@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from trace_dspy.cli.compile import config_from_args
 from trace_dspy.store.registry import champion, promote_if_better
 from trace_dspy.testing.fakes import fake_lm
-from trace_dspy.workflows.compile import run_compile
+from trace_dspy.workflows.compiling import run_compile
 
 PHASE = {"later": False}
 FULL = '[metric]\nsimilarity_kind = "token_f1"\n[program]\nprior_k = 0\nbest_of = 1\n'

@@ -29,7 +29,7 @@ specs.build_lm = lambda spec: lm
 step = sys.argv[1]
 import trace_dspy.store.artifacts as artifacts
 import trace_dspy.store.registry as registry
-import trace_dspy.workflows.compile as workflow
+import trace_dspy.workflows.compiling as workflow
 
 def killed_after(module, name):
     real = getattr(module, name)

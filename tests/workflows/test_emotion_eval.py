@@ -10,7 +10,7 @@ from conftest import offline_workdir
 
 from trace_dspy import ProgramConfig, TraceProgram
 from trace_dspy.cli.evaluate import main
-from trace_dspy.lm.adapters import is_constrained
+from trace_dspy.lm.kinds import takes_grammar
 from trace_dspy.lm.specs import GrammarLM
 from trace_dspy.program import emotion_prior as ep
 from trace_dspy.testing.fakes import ScriptedEngine, fake_lm
@@ -44,10 +44,10 @@ class FakePrior:
 
 
 def constrained_lm():
-    """A grammar-constrained LM (is_constrained is true) over a scripted engine that records every call."""
+    """A grammar-constrained LM (takes_grammar is true) over a scripted engine that records every call."""
     engine = ScriptedEngine()
     lm = GrammarLM("fake/scripted", engine=engine, cache=False)
-    assert is_constrained(lm)
+    assert takes_grammar(lm)
     return lm, engine
 
 
@@ -81,15 +81,17 @@ def run_cli(tmp_path, monkeypatch, lm, *extra):
 
 def test_recognize_runs_only_the_emotion_stage_and_the_prior_decides_on_a_constrained_lm(monkeypatch):
     monkeypatch.setattr(ep, "default_encoder", lambda: stub_encoder)
-    program = TraceProgram(ProgramConfig(), emotion_prior=FakePrior())
+    compact = TraceProgram(ProgramConfig(writer="compact"), emotion_prior=FakePrior())
     lm, engine = constrained_lm()
     with dspy.context(lm=lm):
-        pred = program.recognize("Speaker: The power went out and the house was pitch dark.")
+        pred = compact.recognize("Speaker: The power went out and the house was pitch dark.")
     assert engine.calls == []
     assert pred.emotion == "afraid" and pred.emotion_group == "fear"
     assert pred.emotion_path.startswith("prior (top 1") and pred.emotion_candidates.count("%") == 1
+    program = TraceProgram(ProgramConfig(), emotion_prior=FakePrior())
     assert [label for label, _ in program.prior_candidates("Speaker: pitch dark", 3)] == RANKING["dark"]
-    # A capable LM is asked, once, with the prior's five candidates as a hint; no later stage runs.
+    # A capable LM (the standard writer) is asked, once, with the prior's five candidates as a hint; no later
+    # stage runs.
     lm, engine = fake_lm(emotion="terrified")
     with dspy.context(lm=lm):
         pred = program.recognize("Speaker: The power went out and the house was pitch dark.")
@@ -106,7 +108,7 @@ def test_recognize_runs_only_the_emotion_stage_and_the_prior_decides_on_a_constr
 
 def test_emotion_stage_makes_no_lm_call_on_a_constrained_engine(workdir, monkeypatch, capsys):
     lm, engine = constrained_lm()
-    assert run_cli(workdir, monkeypatch, lm, "--no-mlflow") == 0
+    assert run_cli(workdir, monkeypatch, lm, "--no-mlflow", "--writer", "compact") == 0
     assert engine.calls == []
     rows = [json.loads(line) for line in (workdir / "out/examples.jsonl").read_text().splitlines()]
     assert {r["id"]: r["predicted"] for r in rows} == {"t1": "afraid", "t2": "afraid", "t3": "joyful", "t4": "sad"}
@@ -126,7 +128,7 @@ def test_emotion_stage_asks_a_capable_lm_once_per_item(workdir, monkeypatch):
 
 def test_summary_numbers_table_and_confusion_matrix_on_a_hand_checked_case(workdir, monkeypatch):
     lm, _ = constrained_lm()
-    assert run_cli(workdir, monkeypatch, lm, "--no-mlflow") == 0
+    assert run_cli(workdir, monkeypatch, lm, "--no-mlflow", "--writer", "compact") == 0
     record = json.loads((workdir / "out/summary.json").read_text())
     summary = record["summary"]
     assert summary["n"] == 4 and summary["failed"] == 0
@@ -156,7 +158,7 @@ def test_the_mlflow_run_holds_the_numbers_the_summary_and_the_png(workdir, monke
 
     lm, _ = constrained_lm()
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
-    assert run_cli(workdir, monkeypatch, lm, "--tracking-uri", uri) == 0
+    assert run_cli(workdir, monkeypatch, lm, "--tracking-uri", uri, "--writer", "compact") == 0
     record = json.loads((workdir / "out/summary.json").read_text())
     mlflow.set_tracking_uri(uri)
     (run,) = mlflow.search_runs(experiment_names=["trace-dspy"], output_format="list")

@@ -19,7 +19,7 @@ def measure_compile(make_config, *, cache_dir: str | Path) -> dict[str, Any]:
     second run gets a fresh in-memory cache over the same disk cache, as a new
     process would.
     """
-    from trace_dspy.workflows.compile import run_compile
+    from trace_dspy.workflows.compiling import run_compile
 
     previous = dspy.cache
     runs = {}

@@ -159,7 +159,7 @@ def run_scorer(where: Where, *, limit: int) -> BenchRun:
 def run_compile_bench(where: Where, *, optimizer: str | None, train: int, dev: int) -> BenchRun:
     from trace_dspy.core.config import DataConfig
     from trace_dspy.optimize.optimizers import DEFAULT_OPTIMIZER, OptimizerConfig
-    from trace_dspy.workflows.compile import CompileConfig
+    from trace_dspy.workflows.compiling import CompileConfig
 
     settings = where.settings
     config = OptimizerConfig.from_dict({**(settings.raw.get("optimizer") or {}),

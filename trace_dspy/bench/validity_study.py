@@ -1,13 +1,13 @@
 """The metric validity study behind ``python -m trace_dspy.metric_validity``: human ratings (EPITOME), the
 scorer as a classifier, and real against wrong replies on EmpatheticDialogues (see
-:mod:`trace_dspy.bench.metric_validity` for the parts)."""
+:mod:`trace_dspy.bench.validity` for the parts)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from trace_dspy.bench.metric_validity import (
+from trace_dspy.bench.validity import (
     NEGATIVES,
     OLD_FREE,
     OLD_NAME,

@@ -27,7 +27,7 @@ from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import out, say
 from trace_dspy.data.sources import DataError
 from trace_dspy.optimize.optimizers import OPTIMIZERS
-from trace_dspy.workflows.compile import CompileConfig, CompileFailed, run_compile
+from trace_dspy.workflows.compiling import CompileConfig, CompileFailed, run_compile
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 from trace_dspy.workflows.preflight import PreflightError, check_output_folder, check_run_settings
 

@@ -52,7 +52,7 @@ def resolve_writer(config, lm) -> str:
 
 def part_fitter(cfg, metric):
     """What a compile fits before its optimizer, for ``compile_program(fit_parts=...)``: the compact writer's
-    openers and plans (``trace_dspy.compact.fits``) where the program writes compactly; nothing otherwise."""
+    openers and plans (``trace_dspy.compact.part_fits``) where the program writes compactly; nothing otherwise."""
 
     def fit(program, trainset, log):
         if not (cfg.opener_items or cfg.plan_items) or not hasattr(program, "writer"):
@@ -60,7 +60,7 @@ def part_fitter(cfg, metric):
         if program.writer().name != "compact":
             log("openers and plans: not fitted: the standard writer writes one reply, for the LM's plan")
             return None
-        from trace_dspy.compact.fits import fit_reply_parts
+        from trace_dspy.compact.part_fits import fit_reply_parts
 
         return fit_reply_parts(cfg, metric, program, trainset, log)
 

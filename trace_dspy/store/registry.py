@@ -40,7 +40,7 @@ from trace_dspy.store.tracking import resolve_tracking_uri
 DEFAULT_MODEL = "trace-dspy"
 CHAMPION = "champion"
 SCORE_TAG = "dev_empathy"
-# The dev items and metric a version's score is on (trace_dspy.workflows.compile); scores compare only when equal.
+# The dev items and metric a version's score is on (trace_dspy.workflows.compiling); scores compare only when equal.
 DEV_TAG = "dev_fingerprint"
 ARTIFACT_SUBDIR = "artifact"
 DIGEST_TAG = "trace_dspy.files_sha256"

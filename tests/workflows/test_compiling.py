@@ -17,7 +17,7 @@ from trace_dspy.core.config import ConfigError
 from trace_dspy.optimize.optimizers import OptimizerConfig
 from trace_dspy.store.artifacts import ArtifactError, versions
 from trace_dspy.testing.fakes import fake_lm
-from trace_dspy.workflows.compile import run_compile
+from trace_dspy.workflows.compiling import run_compile
 
 STAGES = ["recognize_emotion", "analyze_cause", "plan_strategy", "generate_response"]
 
@@ -92,7 +92,7 @@ def test_a_collapsed_program_never_becomes_champion(fake_models, tmp_path, monke
 def test_a_program_worse_than_the_uncompiled_one_is_saved_but_not_champion_nor_default(fake_models, tmp_path,
                                                                                       monkeypatch, capsys):
     import trace_dspy.store.registry as registry
-    import trace_dspy.workflows.compile as workflow
+    import trace_dspy.workflows.compiling as workflow
     from trace_dspy.workflows.loading import default_reference
 
     real, calls = workflow.evaluate_program, []
