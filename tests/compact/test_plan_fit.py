@@ -313,9 +313,9 @@ def test_the_compile_saves_the_first_plan_and_loading_restores_it(fake_models, t
     capsys.readouterr()
     assert inspect(["trace-dspy@v1"]) == 0
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  planner")]
-    assert shown == [f"  planner     not asked on the embedded model, the race starts from {first['plan']} (training "
+    assert shown == [f"  planner     not asked by the compact writer, the race starts from {first['plan']} (training "
                      f"score {first['score_without']:.3f} without its plan, {first['score_with_planner']:.3f} with "
-                     "it, on 4 dialogues); asked elsewhere"]
+                     "it, on 4 dialogues); asked by the standard writer"]
     manifest["first_plan"]["plan"] = "IP+XX"
     path.write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="first_plan"):

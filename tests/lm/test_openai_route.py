@@ -8,6 +8,7 @@ which must give a clear error after bounded retries.
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -77,7 +78,8 @@ def test_program_runs_through_the_openai_route(llama_server, monkeypatch):
     lm = build_lm(LMSpec(model="openai/smollm2", api_base=llama_server, api_key_env="TRACE_SERVER_KEY",
                          server_grammar=True, cache=False, num_retries=1, timeout=120))
     assert isinstance(lm, GrammarLM)
-    program = TraceProgram(ProgramConfig(reasoning=()))
+    # the small model behind a server: the compact writer is asked for by name (auto picks it only in-process)
+    program = TraceProgram(ProgramConfig(reasoning=(), writer="compact"))
     with dspy.context(lm=lm):
         for message in ("I failed my driving test again.", "My brother surprised me with concert tickets!"):
             pred = program(dialogue=message)
@@ -85,6 +87,34 @@ def test_program_runs_through_the_openai_route(llama_server, monkeypatch):
             assert pred.strategy in STRATEGIES and pred.response.strip()
     # Three analysis stages and two reply sentences (the scaffold), twice, and at most one second try per sentence.
     assert 2 * (3 + 2) <= len(lm.history) <= 2 * (3 + 4)
+
+
+# respond with --lm on the server, in a fresh interpreter: which writer ran, what the server was asked, and
+# whether anything of the compact writer was imported.
+STANDARD_RESPOND = (
+    "import json, sys\n"
+    "from trace_dspy.cli.main import main\n"
+    "code = main(['respond', '--json', '--lm', 'openai/smollm2', '--api-base', sys.argv[1], "
+    "'--api-key-env', 'TRACE_SERVER_KEY', 'My sister is moving across the country next month.'])\n"
+    "print(json.dumps({'code': code, 'compact': sorted(m for m in sys.modules if m.startswith('trace_dspy.compact'))}))\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_a_standard_run_on_the_server_makes_no_compact_call(llama_server, tmp_path):
+    env = {**os.environ, "TRACE_SERVER_KEY": "sk-local-test", "TRACE_DSPY_CACHE": str(tmp_path / "cache"),
+           "DSPY_CACHEDIR": str(tmp_path / "dspy")}
+    run = subprocess.run([sys.executable, "-c", STANDARD_RESPOND, llama_server], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    start, end = lines.index("{"), lines.index("}")  # the prediction, pretty-printed, whatever else is printed
+    status, pred = json.loads(lines[-1]), json.loads("\n".join(lines[start:end + 1]))
+    assert status == {"code": 0, "compact": []}
+    assert pred["writer"] == "standard" and pred["response"].strip()
+    # TRACE as published: the planner was asked and one reply written for its plan (no race, no candidates)
+    assert pred["plan_path"] == "lm" and "reply_plans" not in pred and "reply_rewards" not in pred
 
 
 @pytest.mark.slow

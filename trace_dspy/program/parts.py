@@ -157,7 +157,7 @@ class EmotionPriorPart(FittedPart):
             return "LM alone (no emotion prior)"
         if not record.get("file"):
             return f"LM alone (prior_k {k}, but {record.get('reason', 'none was fitted')})"
-        how = ("the prior decides on the embedded model, top 5 + LM elsewhere" if k == "auto"
+        how = ("the prior decides under the compact writer, top 5 + LM under the standard one" if k == "auto"
                else f"prior top {k} + LM")
         return (f"{how}; prior dev accuracy {_num(record.get('dev_accuracy'))} "
                 f"(group {_num(record.get('dev_group_accuracy'))}, top-3 {_num(record.get('dev_top3'))}) "
@@ -221,7 +221,7 @@ class ReplyPlans(ManifestPart):
             return "the LM's plan only (not fitted)"
         chosen = ", ".join(record.get("plans") or []) or "none"
         if record.get("first_plan"):
-            return (f"{record['first_plan']} (no planner call on the embedded model) + {chosen}; with the LM's "
+            return (f"{record['first_plan']} (no planner call under the compact writer) + {chosen}; with the LM's "
                     f"plan first, training score {_num(record.get('baseline'))} -> {_num(record.get('score'))} "
                     f"on {record.get('items')} dialogues")
         return (f"the LM's plan + {chosen}: training score {_num(record.get('baseline'))} -> "
@@ -256,7 +256,8 @@ class FirstPlan(ManifestPart):
             return f"asked ({scores})"
         if program.get("planner", "auto") != "auto":
             return f"asked (planner = {program.get('planner')}; {scores})"
-        return f"not asked on the embedded model, the race starts from {record['plan']} ({scores}); asked elsewhere"
+        return (f"not asked by the compact writer, the race starts from {record['plan']} ({scores}); asked by the "
+                "standard writer")
 
 
 # The registry: every kind of fitted part, in the order they are loaded and shown.
