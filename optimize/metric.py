@@ -33,12 +33,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import dspy
 from trace_dspy.optimize.metric_notes import prediction_field as _get
 from trace_dspy.optimize.metric_notes import reply_notes
-from trace_dspy.optimize.reply_guards import brings_in_relative, takes_theirs
 from trace_dspy.optimize.scorers import distinct_n, emotion_credit, near_copy, response_rules, token_f1
 from trace_dspy.optimize.tokens import tokenize
 
@@ -113,9 +112,15 @@ class MetricConfig:
         return from_table(cls, data, "metric")
 
 
-# What the reply guards check changed: 2 added the relatives a dialogue never names, 3 the things the speaker spoke
-# of as someone else's. Stored rows scored with the guards of another version are scored again.
-REPLY_GUARDS_VERSION = 3
+class ReplyGuards(Protocol):
+    """Extra checks a caller's metric runs on candidates (the compact writer's, ``trace_dspy.compact.guards``):
+    each reads the reply and the dialogue's turns, and says what gave it away."""
+
+    version: int
+
+    def parrots(self, reply: str, turns: Sequence[str]) -> bool: ...
+    def brings_in_relative(self, reply: str, turns: Sequence[str]) -> str | None: ...
+    def takes_theirs(self, reply: str, turns: Sequence[str]) -> str | None: ...
 
 COMPONENTS = ("emotion", "empathy", "strategy_fit", "relevance", "rules", "similarity", "judge", "grounded", "tone")
 
@@ -217,13 +222,13 @@ class EmpathyMetric:
     name = "empathy"
 
     def __init__(self, config: MetricConfig | None = None, *, judge=None, embedder=_UNSET, scorer=_UNSET,
-                 relevance=_UNSET, tone=_UNSET, copy_sources: Iterable[str] = (), reply_guards: bool = False):
+                 relevance=_UNSET, tone=_UNSET, copy_sources: Iterable[str] = (), guards: ReplyGuards | None = None):
         self.config = config or MetricConfig()
-        # The reply reward's extra guards (a first-person run or an opening "my ..." of the speaker's
-        # words, a repeat of the listener's own earlier turn): they steer a small writer's candidates,
-        # but they also zero a few human replies, so the evaluation metric leaves them out
-        # (docs/reference/metric.md, "Guards of the reply reward").
-        self.reply_guards = reply_guards
+        # The compact writer's extra guards (a first-person run or an opening "my ..." of the speaker's
+        # words, a repeat of the listener's own earlier turn, a relative never named, a thing called theirs):
+        # they steer a small writer's candidates, but they also zero a few human replies, so the evaluation
+        # metric leaves them out (docs/reference/metric.md, "Guards of the reply reward").
+        self.guards = guards
         if self.config.judge > 0 and judge is None:
             raise ConfigError("the metric's judge weight is above 0 but no judge was given")
         self.judge = judge
@@ -296,7 +301,7 @@ class EmpathyMetric:
                  "relevance": (self.relevance.meta.get("dev_table") if self.relevance is not None else None),
                  "tone": (self.tone.meta.get("dev_table") if self.tone is not None else None),
                  "copy_sources": hashlib.sha256("\x00".join(self.copy_sources).encode()).hexdigest(),
-                 **({"reply_guards": REPLY_GUARDS_VERSION} if self.reply_guards else {})}
+                 **({"reply_guards": self.guards.version} if self.guards is not None else {})}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -318,7 +323,9 @@ class EmpathyMetric:
         gold_emotion, predicted = example.get("emotion"), _get(pred, "emotion")
         turns = _speaker_turns(example)
         speaker = " ".join(turns)
-        rules = response_rules(reply, speaker, speaker_turns=turns, strict=self.reply_guards)
+        guards = self.guards
+        rules = response_rules(reply, speaker, speaker_turns=turns,
+                               also_parrots=guards.parrots if guards is not None else None)
         components: dict[str, float | None] = dict.fromkeys(COMPONENTS)
         if gold_emotion:
             components["emotion"] = emotion_credit(gold_emotion, predicted, cfg.group_credit)
@@ -360,7 +367,8 @@ class EmpathyMetric:
         What was found goes into ``details``."""
         retrieved = [*exemplar_replies(_get(pred, "exemplars")), *(_get(pred, "exemplar_replies") or [])]
         # The listener's own earlier turns count too: a reply that says again what was said before is no answer.
-        earlier = _listener_turns(example) if self.reply_guards else []
+        guards = self.guards
+        earlier = _listener_turns(example) if guards is not None else []
         copied = near_copy(reply, [*retrieved, *self.copy_sources, *earlier], self.config.copy_f1)
         if copied is not None:
             details["copied"] = copied[:200]
@@ -368,11 +376,11 @@ class EmpathyMetric:
                 details["repeats_listener"] = True
         # A relative of the speaker's that the dialogue never names ("your brother's wedding" to a delayed
         # flight) is another situation's: the reply is not about this one.
-        stranger = brings_in_relative(reply, [*turns, *earlier]) if self.reply_guards else None
+        stranger = guards.brings_in_relative(reply, [*turns, *earlier]) if guards is not None else None
         if stranger is not None:
             details["brings_in"] = stranger
         # "your dog" to "my neighbor's dog": the listener has the speaker's situation wrong.
-        theirs = takes_theirs(reply, turns) if self.reply_guards else None
+        theirs = guards.takes_theirs(reply, turns) if guards is not None else None
         if theirs is not None:
             details["takes_theirs"] = theirs
         return copied is not None or stranger is not None or theirs is not None

@@ -1,7 +1,7 @@
 """Pure scoring functions: plain values in, numbers out, no DSPy and no LM.
 
-Replies are compared on word tokens (``optimize.tokens``); the dialogue guards
-that ``parrots`` runs when strict are in ``optimize.reply_guards``.
+Replies are compared on word tokens (``optimize.tokens``); ``parrots`` runs a
+caller's extra check where given (the compact writer's guards).
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from trace_dspy.core.labels import EMOTION_TO_GROUP
 from trace_dspy.core.text import sentence_count as count_sentences
-from trace_dspy.optimize.reply_guards import claims_their_own, echoed_span
 from trace_dspy.optimize.tokens import WORD_CHAR, content_words, tokenize
 
 # ---------------------------------------------------------------- emotion
@@ -202,15 +201,17 @@ def reused_details(reply: str, source: str) -> set[str]:
 
 
 def response_rules(reply: str, speaker_text: str, *, max_sentences: int = 2, max_words: int = 60,
-                   speaker_turns: Sequence[str] | None = None, strict: bool = False) -> dict[str, bool]:
+                   speaker_turns: Sequence[str] | None = None,
+                   also_parrots: Callable[[str, Sequence[str]], bool] | None = None) -> dict[str, bool]:
     """TRACE's reply rules, checked without a model (``speaker_turns``: the speaker's turns, for parroting;
-    ``strict``: see ``parrots``)."""
+    ``also_parrots``: see ``parrots``)."""
     words = len([t for t in tokenize(reply) if WORD_CHAR.search(t)])
     return {
         "brief": 1 <= sentence_count(reply) <= max_sentences and words <= max_words,
         "reuses_detail": bool(reused_details(reply, speaker_text)),
         "no_advice": not gives_advice(reply),
-        "not_parroting": not parrots(reply, list(speaker_turns) if speaker_turns else [speaker_text], strict=strict),
+        "not_parroting": not parrots(reply, list(speaker_turns) if speaker_turns else [speaker_text],
+                                     also=also_parrots),
     }
 
 
@@ -274,13 +275,11 @@ def near_copy(reply: str, sources: Iterable[str], threshold: float = COPY_F1) ->
     return None
 
 
-def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1, *, strict: bool = False) -> bool:
-    """Does the reply repeat the speaker: one of their turns, all their words, or their last turn?
-
-    ``strict`` (the reply reward's guards) also counts a first-person run of
-    their words (``echoed_span``) and an opening "my ..." of theirs
-    (``claims_their_own``).
-    """
+def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1, *,
+            also: Callable[[str, Sequence[str]], bool] | None = None) -> bool:
+    """Does the reply repeat the speaker: one of their turns, all their words, or their last turn? ``also``,
+    where given, is one more way to repeat them (the compact writer's guards: a first-person run of their words,
+    an opening "my ..." of theirs)."""
     turns = [t for t in speaker_turns if t and t.strip()]
     if not turns:
         return False
@@ -290,7 +289,7 @@ def parrots(reply: str, speaker_turns: Sequence[str], threshold: float = COPY_F1
     last = words(turns[-1])
     if len(last.split()) >= 4 and f" {last} " in f" {words(reply)} ":
         return True
-    return strict and (echoed_span(reply, turns) is not None or claims_their_own(reply, turns) is not None)
+    return also is not None and also(reply, turns)
 
 
 # ---------------------------------------------------------------- agreement with human ratings

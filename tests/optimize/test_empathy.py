@@ -8,6 +8,7 @@ import dspy
 import numpy as np
 import pytest
 from conftest import required
+from trace_dspy.compact.guards import GUARDS
 from trace_dspy.optimize.empathy import (
     NO_EMBED,
     WEIGHTS_FILE,
@@ -191,7 +192,7 @@ def test_copied_and_parroted_replies_score_zero():
     repeat = dspy.Prediction(response="That's a wonderful story about your sister. She must be so happy.", **base)
     assert m(talk, repeat) > 0.5
     guarded = free_metric(scorer, rules=0.2)
-    guarded.reply_guards = True
+    guarded.guards = GUARDS
     again = guarded.evaluate(talk, repeat)
     assert again.score == 0 and again.details["repeats_listener"] and "listener said before" in again.feedback
     assert guarded(talk, dspy.Prediction(response="At the lake where they met? That is so romantic.", **base)) > 0.5

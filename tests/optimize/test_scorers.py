@@ -4,7 +4,7 @@ import math
 
 import pytest
 from trace_dspy.optimize.judge import judge_score, pairwise_rates
-from trace_dspy.optimize.reply_guards import claims_their_own, echoed_span
+from trace_dspy.compact.guards import GUARDS, claims_their_own, echoed_span
 from trace_dspy.optimize.scorers import (
     auc,
     bleu,
@@ -90,16 +90,16 @@ def test_response_rules():
     # Speaking as the speaker: a first-person run of five or more of their words, even inside a longer reply.
     exam = "I can't sleep, I'm so nervous about my exam tomorrow."
     echo = "Oh no, I'm so nervous about my exam tomorrow too, I hope it goes well."
-    assert response_rules(echo, exam, strict=True)["not_parroting"] is False
+    assert response_rules(echo, exam, also_parrots=GUARDS.parrots)["not_parroting"] is False
     assert response_rules(echo, exam)["not_parroting"] is True  # the evaluation metric leaves the guards out
     assert echoed_span("Oh, I'm so nervous about my exam tomorrow too.", [exam])[:3] == ["i", "'m", "so"]
     # Reusing their words in the listener's own voice is not parroting.
     assert echoed_span("You must be so nervous about the exam tomorrow.", [exam]) is None
-    assert response_rules("I hope your exam goes well; no wonder you are nervous.", exam, strict=True)["not_parroting"]
+    assert response_rules("I hope your exam goes well; no wonder you are nervous.", exam, also_parrots=GUARDS.parrots)["not_parroting"]
     # "my grandma" back to a speaker who said "my grandma": the listener talks as the speaker.
     grandma = "My grandma is in the hospital."
     assert claims_their_own("My grandma, she's in the hospital. That's a sad story.", [grandma]) == "my grandma"
-    assert response_rules("My grandma, she's in the hospital.", grandma, strict=True)["not_parroting"] is False
+    assert response_rules("My grandma, she's in the hospital.", grandma, also_parrots=GUARDS.parrots)["not_parroting"] is False
     assert claims_their_own("I hope your grandma gets better soon.", [grandma]) is None
     assert claims_their_own("I love my job.", ["I got the job!!"]) is None  # the speaker never said "my job"
     # Later in the reply it is the listener's own story, which raters score as empathy.

@@ -20,6 +20,7 @@ from trace_dspy.bench.validity import (
 from trace_dspy.core.console import say
 from trace_dspy.core.tables import markdown_table
 from trace_dspy.optimize.metric import EmpathyMetric, MetricConfig
+from trace_dspy.program.writers import compact_guards
 
 
 class StudyError(ValueError):
@@ -33,7 +34,7 @@ def run_validity(*, epitome: str | None, data: str | None, limit: int = 500, see
     from trace_dspy.optimize.empathy_fit import PUBLISHED
 
     config = MetricConfig()
-    metric = EmpathyMetric(config, reply_guards=reply_guards)
+    metric = EmpathyMetric(config, guards=compact_guards() if reply_guards else None)
     if metric.scorer is None:
         raise StudyError("the validity study needs the learned scorer, which needs the 'embed' extra")
     meta = metric.scorer.meta

@@ -11,6 +11,8 @@ import logging
 
 import dspy
 
+from trace_dspy.compact.guards import GUARDS
+
 _log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ def reward_metric(demos: tuple[str, ...], tone_floor: float):
 
         warn_once(_log, "tone_floor", "the reply reward's tone guard is off: %s", MISSING_EMBED.split(";")[0])
         tone_floor = 0.0
-    return EmpathyMetric(MetricConfig(tone_floor=tone_floor), copy_sources=demos, reply_guards=True)
+    return EmpathyMetric(MetricConfig(tone_floor=tone_floor), copy_sources=demos, guards=GUARDS)
 
 
 def compact_reward(program, inputs: dict, pred) -> float:

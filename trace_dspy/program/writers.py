@@ -67,6 +67,14 @@ def part_fitter(cfg, metric):
     return fit
 
 
+def compact_guards():
+    """The compact writer's reply guards as the metric takes them (``EmpathyMetric(guards=...)``), for studies of
+    the guards themselves (``metric_validity --reply-guards``)."""
+    from trace_dspy.compact.guards import GUARDS
+
+    return GUARDS
+
+
 def writer_for(config, lm) -> Writer:
     """The writer ``config`` asks for, with the reply stage on ``lm``."""
     if resolve_writer(config, lm) == "compact":

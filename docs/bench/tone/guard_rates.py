@@ -17,7 +17,7 @@ from pathlib import Path
 def main(split: str, rows_paths: list[str], out: str) -> None:
     from trace_dspy.core.dialogue import parse_dialogue
     from trace_dspy.data.ed_csv import read_ed_csv
-    from trace_dspy.optimize.reply_guards import brings_in_relative, takes_theirs
+    from trace_dspy.compact.guards import brings_in_relative, takes_theirs
 
     def fired(reply: str, turns: list[str], speaker: list[str]) -> dict[str, str | None]:
         return {"brings_in_relative": brings_in_relative(reply, turns), "takes_theirs": takes_theirs(reply, speaker)}

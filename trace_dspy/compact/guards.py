@@ -1,9 +1,9 @@
-"""The reply reward's dialogue guards: a reply that speaks as the speaker, or of a situation that is not theirs.
+"""The compact writer's reply guards: a reply that speaks as the speaker, or of a situation that is not theirs.
 
 Each guard takes the reply and the dialogue's turns and returns the words that
 gave it away ("my grandma", "your brother", "your dog"), else None. They read
-words only, no model. ``optimize.scorers.parrots`` runs the first two when
-``strict``; the metric runs the last two with its ``reply_guards``
+words only, no model. ``GUARDS`` hands them to the metric (its ``guards``): the
+compact writer's reward scores a candidate they catch 0
 (docs/reference/metric.md, "Guards of the reply reward").
 """
 
@@ -170,3 +170,22 @@ def takes_theirs(reply: str, speaker_turns: Sequence[str]) -> str | None:
         if owners and all(owner == "someone else's" for owner in owners):
             return f"your {words[i + 1]}"
     return None
+
+
+class CompactGuards:
+    """The guards as the metric takes them (``trace_dspy.optimize.metric.ReplyGuards``)."""
+
+    # What the guards check changed: 2 added the relatives a dialogue never names, 3 the things the speaker
+    # spoke of as someone else's. Stored rows scored with the guards of another version are scored again.
+    version = 3
+
+    @staticmethod
+    def parrots(reply: str, turns: Sequence[str]) -> bool:
+        """A first-person run of the speaker's words, or an opening "my ..." of theirs."""
+        return echoed_span(reply, turns) is not None or claims_their_own(reply, turns) is not None
+
+    brings_in_relative = staticmethod(brings_in_relative)
+    takes_theirs = staticmethod(takes_theirs)
+
+
+GUARDS = CompactGuards()

@@ -1,6 +1,6 @@
 """The reply reward's dialogue guards: a relative nobody named, a thing of someone else's called the speaker's."""
 
-from trace_dspy.optimize.reply_guards import brings_in_relative, takes_theirs
+from trace_dspy.compact.guards import brings_in_relative, takes_theirs
 
 
 def test_a_relative_the_dialogue_never_names_is_another_situation():
