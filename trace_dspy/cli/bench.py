@@ -7,8 +7,10 @@
     python -m trace_dspy.bench embedded         # the embedded model against raw llama.cpp
     python -m trace_dspy.bench compile          # default compile, cold and then warm cache
     python -m trace_dspy.bench latency          # what a person waits for, start-up included, embedded model
+    python -m trace_dspy.bench blind prepare --a A.jsonl --b B.jsonl --out DIR   # a blind reading of two
+    python -m trace_dspy.bench blind score --dir DIR                             # programs' replies, tallied
 
-Every sub-command prints a markdown table, writes ``<name>.md`` and
+Every sub-command but ``blind`` prints a markdown table, writes ``<name>.md`` and
 ``<name>.json`` (numbers only, no dataset text) to ``--output-dir`` and logs an
 MLflow run to the ``trace-dspy-bench`` experiment. The quality bench compares,
 on one seeded EmpatheticDialogues test subset and one LM:
@@ -49,11 +51,9 @@ from trace_dspy.bench.records import BENCH_EXPERIMENT
 from trace_dspy.bench.runs import DEFAULT_OUTPUT, Where, run_bench
 from trace_dspy.bench.systems import BASE_SYSTEMS
 from trace_dspy.cli.common import (
-    add_data_args,
-    add_model_args,
     add_pricing_args,
+    add_run_args,
     add_situations_arg,
-    add_tracking_args,
     command_parser,
     fail,
     failure_rate,
@@ -68,7 +68,7 @@ from trace_dspy.data.sources import DataError
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 
 SUBCOMMANDS = ("quality", "overhead", "concurrency", "embedded", "compile", "scorer", "emotion", "prior", "scale",
-               "latency")
+               "latency", "blind")
 
 
 def _int_list(text: str) -> list[int]:
@@ -108,6 +108,7 @@ HELP = {
     "prior": "the emotion prior's variants and the shipped prior on dev and all test items",
     "scale": "the plain batch against Spark local mode, same items, latency-bound fake LM",
     "latency": "what a person waits for on the embedded model, each phase in fresh processes (start-up included)",
+    "blind": "a blind reading of two programs' replies to the same messages: prepare it, then score it",
 }
 
 
@@ -224,12 +225,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=HELP[name], description=HELP[name])
         if name == "embedded":
             continue  # its flags are bench_local's
+        if name == "blind":
+            _blind_args(p)  # a reading by a person: no data source, model or MLflow run
+            continue
         p.add_argument("--output-dir", type=output_dir, help="where tables and JSON go (default runs/bench)")
-        p.add_argument("-v", "--verbose", action="store_true")
-        add_data_args(p)
-        if name in ("quality", "compile", "emotion"):
-            add_model_args(p)
-        add_tracking_args(p)
+        add_run_args(p, model=name in ("quality", "compile", "emotion"))
         p.set_defaults(experiment=BENCH_EXPERIMENT)
         OWN_ARGS[name](p)
     return parser
@@ -257,6 +257,50 @@ def invalid(args) -> str | None:
     return None
 
 
+def _blind_args(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(dest="action", metavar="{prepare,score}", required=True)
+    prepare = actions.add_parser("prepare", help="write reading.md, an empty verdicts.jsonl and key.json",
+                                 description="Pair two respond outputs by id and write a blind reading of them.")
+    prepare.add_argument("--a", required=True, type=Path, metavar="A.jsonl", help="program A's respond output")
+    prepare.add_argument("--b", required=True, type=Path, metavar="B.jsonl",
+                         help="program B's respond output, for the same input")
+    prepare.add_argument("--out", required=True, type=output_dir, metavar="DIR", help="the reading's folder")
+    prepare.add_argument("--seed", type=int, help="the shuffle's seed (default: a random one, kept in key.json)")
+    score = actions.add_parser("score", help="unblind the filled verdicts.jsonl and tally it",
+                               description="Unblind a filled verdicts.jsonl and tally it per program.")
+    score.add_argument("--dir", required=True, type=Path, metavar="DIR", help="the folder prepare wrote")
+    score.add_argument("--json", type=Path, metavar="OUT", help="also write the tally and every verdict here")
+
+
+def _blind(args) -> int:
+    """``bench blind prepare`` or ``bench blind score``: a user's mistake is one line and exit 2."""
+    from trace_dspy.bench.blind import KEY, READING, VERDICTS, BlindError, prepare, score, score_text
+    from trace_dspy.core.jsonl import atomic_write_json
+
+    try:
+        if args.action == "prepare":
+            done = prepare(args.a, args.b, args.out, args.seed)
+        else:
+            result = score(args.dir)
+    except BlindError as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        where = f"write the reading to {args.out}" if args.action == "prepare" else f"read {args.dir}"
+        return fail(f"could not {where}: {exc.strerror or exc}")
+    if args.action == "prepare":
+        out(f"{done.items} items: give the reader {done.folder / READING} and {done.folder / VERDICTS}; "
+            f"keep {done.folder / KEY} from them (it says which program is which)")
+        return 0
+    out(score_text(result))
+    if args.json:
+        try:
+            atomic_write_json(args.json, result)
+        except OSError as exc:
+            return fail(f"could not write {args.json}: {exc.strerror or exc}; the tally is printed above")
+        out(f"\nthe tally and every verdict: {args.json}")
+    return 0
+
+
 def _preflight(args) -> None:
     """The settings a bench reads and the folders it writes, checked before it measures (``PreflightError``)."""
     from trace_dspy.workflows.preflight import check_output_folder, check_run_settings
@@ -273,6 +317,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if argv[0] == "embedded":
         return run_embedded_command(argv[1:], f"{parser.prog} embedded", HELP["embedded"])
     args = parser.parse_args(argv)
+    if args.command == "blind":
+        return _blind(args)
     setup_logging(args.verbose)
     for key in ("config", "lm", "api_base", "api_key_env", "analysis_lm", "response_lm", "judge_lm", "prompt_lm"):
         if not hasattr(args, key):  # sub-commands that use fake LMs (latency has --config, for respond)

@@ -28,15 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from trace_dspy.cli.common import (
-    add_model_args,
-    add_trace_arg,
-    command_parser,
-    enter_tracing,
-    fail,
-    settings_from_args,
-    setup_logging,
-)
+from trace_dspy.cli import common
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import clear_status_line, out, status_line
 from trace_dspy.core.dialogue import DialogueError
@@ -182,7 +174,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = command_parser("chat", __doc__, prog, epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.command_parser("chat", __doc__, prog, epilog=HELP,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--program", default=None,
                         help="the program to talk to (default: as respond, the newest artifact not worse than "
                              "the uncompiled program on its dev set, else the uncompiled one); 'default' "
@@ -191,8 +184,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--data", help="pool for retrieved exemplars of the uncompiled program "
                                        "(default: $TRACE_DSPY_DATA, else the seed set)")
     parser.add_argument("-v", "--verbose", action="store_true")
-    add_trace_arg(parser)
-    add_model_args(parser)
+    common.add_trace_arg(parser)
+    common.add_model_args(parser)
     return parser
 
 
@@ -205,17 +198,17 @@ def _load(ref: str | None, settings, data):
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
-    setup_logging(args.verbose)
+    common.setup_logging(args.verbose)
     try:
         from trace_dspy.core import env
         from trace_dspy.workflows.preflight import check_environment
 
         check_environment(env.CACHE)  # before the model and the indexes load (a PreflightError is one line)
-        settings = settings_from_args(args)
+        settings = common.settings_from_args(args)
         loaded = _load(args.program, settings, settings.data_source(args.data))
         lm = loaded.lms.default
     except (ConfigError, RuntimeError, ImportError, ValueError) as exc:
-        return fail(str(exc))
+        return common.fail(str(exc))
     except KeyboardInterrupt:
         out("\nbye")
         return 0
@@ -234,7 +227,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         out("Type the speaker's turn and press Enter; /help lists the commands, Ctrl-D leaves.")
     session = ChatSession(loaded.program, lm, show_stages=args.show_stages)
     with contextlib.ExitStack() as stack:
-        code = enter_tracing(stack, args, settings)
+        code = common.enter_tracing(stack, args, settings)
         if code is not None:
             return code
         return Repl(session, interactive=interactive).run()

@@ -362,24 +362,56 @@ def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
 
+def add_run_args(parser: argparse.ArgumentParser, *, situations: bool = False, model: bool = True,
+                 pricing: bool = False) -> None:
+    """The flags a command that runs over a data source and logs to MLflow ends with, in this order: ``-v``,
+    the data source (:func:`add_data_args`), with ``situations`` :func:`add_situations_arg`, with ``model``
+    :func:`add_model_args`, :func:`add_tracking_args`, and with ``pricing`` :func:`add_pricing_args`."""
+    parser.add_argument("-v", "--verbose", action="store_true")
+    add_data_args(parser)
+    if situations:
+        add_situations_arg(parser)
+    if model:
+        add_model_args(parser)
+    add_tracking_args(parser)
+    if pricing:
+        add_pricing_args(parser)
+
+
 def add_refit_args(parser: argparse.ArgumentParser) -> None:
-    """--output, --json and --check of a head's refit command."""
+    """--output, --json and --check of a head's refit command (``--json`` lands in ``json_path``, the name of
+    the refit's keyword)."""
     parser.add_argument("--output", type=Path, help="where to write the weights (default: the packaged file)")
-    parser.add_argument("--json", type=Path, help="also write the dev table and settings as JSON")
+    parser.add_argument("--json", type=Path, dest="json_path", metavar="JSON",
+                        help="also write the dev table and settings as JSON")
     parser.add_argument("--check", action="store_true",
                         help="refit without writing; exit 1 unless the dev table matches the weights at --output")
 
 
-def refit_main(argv: list[str], parser: argparse.ArgumentParser, module: str, refit) -> int:
-    """A refit command: parse ``argv``, call ``refit(args, command)`` (a ``workflows.fits`` refit), print it;
-    the exit code. The recorded command leaves out ``--check``."""
+def ed_refit_parser(module: str, doc: str, prog: str | None, *, seed_help: str) -> argparse.ArgumentParser:
+    """The parser of the refit command ``module`` of a head fitted on the ED pool (``--data``, ``--seed``
+    described by ``seed_help``, ``--limit``, then :func:`add_refit_args`); see :func:`command_parser` for
+    ``doc`` and ``prog``."""
+    parser = command_parser(module, doc, prog)
+    parser.add_argument("--data", help="ED folder with valid.csv and test.csv (default: $TRACE_DSPY_DATA)")
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+    parser.add_argument("--limit", type=int, help="fit on a seeded sample of about this many pool rows")
+    add_refit_args(parser)
+    return parser
+
+
+def refit_main(argv: list[str] | None, parser: argparse.ArgumentParser, module: str, refit) -> int:
+    """A refit command: parse ``argv`` (None: the process's), call ``refit`` (a ``workflows.fits`` refit) with
+    the flags as keywords (the parser's names are its keywords) and the recorded ``command``, print it; the
+    exit code. The recorded command leaves out ``--check``."""
     import shlex
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     setup_logging()
     command = f"python -m trace_dspy.{module} " + shlex.join(a for a in argv if a != "--check")
     try:
-        result = refit(args, command)
+        result = refit(**vars(args), command=command)
     except ValueError as exc:
         return fail(str(exc))
     return print_refit(result)

@@ -20,8 +20,7 @@ import dataclasses
 import sys
 
 from trace_dspy.cli.common import (
-    add_data_args, add_model_args, add_situations_arg, add_tracking_args, command_line, command_parser, fail,
-    failure_rate, settings_from_args, setup_logging)
+    add_run_args, command_line, command_parser, fail, failure_rate, settings_from_args, setup_logging)
 from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import out, say
@@ -69,11 +68,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--trace", action=argparse.BooleanOptionalAction, default=True,
                         help="log the dev evaluations before and after as MLflow evaluation runs, one trace per "
                              "dialogue (default on; --no-trace keeps the run's metrics and writes no traces)")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    add_data_args(parser)
-    add_situations_arg(parser)
-    add_model_args(parser)
-    add_tracking_args(parser)
+    add_run_args(parser, situations=True)
     return parser
 
 

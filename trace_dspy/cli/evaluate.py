@@ -21,10 +21,7 @@ from pathlib import Path
 import dspy
 
 from trace_dspy.cli.common import (
-    add_data_args,
-    add_model_args,
-    add_pricing_args,
-    add_tracking_args,
+    add_run_args,
     command_line,
     command_parser,
     fail,
@@ -90,11 +87,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--ablation", nargs="?", const=",".join(ABLATIONS), metavar="NAMES",
                         help="evaluate named variants of the program on the same examples, with paired "
                              f"bootstrap CIs against 'full' (default: all of {', '.join(ABLATIONS)})")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    add_data_args(parser)
-    add_model_args(parser)
-    add_tracking_args(parser)
-    add_pricing_args(parser)
+    add_run_args(parser, pricing=True)
     return parser
 
 

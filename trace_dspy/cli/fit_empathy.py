@@ -17,7 +17,6 @@ a seeded subset of about 300 pairs, and the levels of a few fixed probe pairs.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from trace_dspy.cli.common import add_refit_args, command_parser, refit_main
 from trace_dspy.workflows.fits import refit_empathy
@@ -35,14 +34,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return refit_main(argv, build_parser(prog), "fit_empathy", refit)
-
-
-def refit(args, command: str):
-    return refit_empathy(args.epitome, seed=args.seed, dev_fraction=args.dev_fraction, limit=args.limit, l2=args.l2,
-                          output=args.output, check=args.check, json_path=args.json, command=command)
+    return refit_main(argv, build_parser(prog), "fit_empathy", refit_empathy)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

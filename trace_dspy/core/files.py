@@ -30,6 +30,7 @@ file's path; callers re-raise it as their own error type.
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import json
 import math
@@ -182,6 +183,16 @@ def hash_file(digest, path: str | os.PathLike, *, max_bytes: int, root: str | os
                 raise FileCheckError(path, f"more than the {max_bytes:,} bytes allowed")
             digest.update(block)
     return total
+
+
+def fingerprint_files(paths: Iterable[str | os.PathLike], *, max_bytes: int) -> str:
+    """What a data set's records name it by: ``sha256:`` and the first 16 hex digits of the digest of each
+    file's name and bytes, in order; each file is read by :func:`hash_file` (at most ``max_bytes``)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).name.encode())
+        hash_file(digest, path, max_bytes=max_bytes)
+    return "sha256:" + digest.hexdigest()[:16]
 
 
 class TextLines:
@@ -441,5 +452,5 @@ def check_finite(where: str | os.PathLike, arrays: dict[str, Any]) -> None:
 
 
 __all__ = ["ArrayLimits", "BOM", "FileCheckError", "MiB", "TextLines", "check_file", "check_finite", "decode_utf8",
-           "hash_file", "load_header_npz", "open_checked", "read_bytes", "read_header_npz", "read_npy", "read_npz",
-           "read_text", "write_header_npz"]
+           "fingerprint_files", "hash_file", "load_header_npz", "open_checked", "read_bytes", "read_header_npz",
+           "read_npy", "read_npz", "read_text", "write_header_npz"]

@@ -247,3 +247,8 @@ def atomic_write_json(path: str | os.PathLike, data) -> None:
         fh.write("\n")
 
     _atomic_write(path, write)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` as UTF-8, whole or not at all (a temporary file renamed over ``path``)."""
+    _atomic_write(path, lambda fh: fh.write(text))

@@ -19,7 +19,6 @@ Splits are by seeker post (``sp_id``): no post is on both sides.
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
 import random
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trace_dspy.core import env
-from trace_dspy.core.files import FileCheckError, MiB, TextLines, hash_file
+from trace_dspy.core.files import FileCheckError, MiB, TextLines, fingerprint_files
 from trace_dspy.core.labels import STRATEGIES
 
 ENV_VAR = env.EPITOME
@@ -83,15 +82,10 @@ def resolve_folder(path: str | os.PathLike | None = None) -> Path:
 
 
 def fingerprint(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for mech in MECHANISMS:
-        path = folder / FILES[mech]
-        digest.update(path.name.encode())
-        try:
-            hash_file(digest, path, max_bytes=MAX_FILE_BYTES)
-        except FileCheckError as exc:
-            raise EpitomeError(str(exc)) from None
-    return "sha256:" + digest.hexdigest()[:16]
+    try:
+        return fingerprint_files([folder / FILES[mech] for mech in MECHANISMS], max_bytes=MAX_FILE_BYTES)
+    except FileCheckError as exc:
+        raise EpitomeError(str(exc)) from None
 
 
 def _read(path: Path) -> dict[tuple[str, str, int], tuple[str, str, int]]:

@@ -43,7 +43,7 @@ from pathlib import Path
 import dspy
 
 from trace_dspy.core import env
-from trace_dspy.core.files import FileCheckError, hash_file
+from trace_dspy.core.files import FileCheckError, fingerprint_files
 from trace_dspy.core.labels import EMOTIONS
 from trace_dspy.core.safety import MAX_LINE_BYTES, JSONLimitError, load_json
 from trace_dspy.data.ed_csv import read_ed_csv
@@ -149,14 +149,10 @@ def _load_single_jsonl_source(path: Path, *, kind: str, seed: int) -> DataSource
 
 def _fingerprint(paths: Iterable[Path]) -> str:
     """sha256 of each file's name and bytes, in order; the files are checked and bounded as they are read."""
-    digest = hashlib.sha256()
-    for p in paths:
-        digest.update(p.name.encode())
-        try:
-            hash_file(digest, p, max_bytes=MAX_DATA_BYTES)
-        except FileCheckError as exc:
-            raise DataError(str(exc)) from None
-    return "sha256:" + digest.hexdigest()[:16]
+    try:
+        return fingerprint_files(paths, max_bytes=MAX_DATA_BYTES)
+    except FileCheckError as exc:
+        raise DataError(str(exc)) from None
 
 
 # ---------------------------------------------------------------- readers

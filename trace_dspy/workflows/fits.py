@@ -213,6 +213,25 @@ def _ed_pool(data: str | None, seed: int, limit: int | None, what: str):
     return source, _embedder(f"fitting {what}")
 
 
+def _refit_ed_head(name: str, unit: str, source, rows: list, fit: Callable, table_text: Callable,
+                   extras: Callable, *, limit: int | None, **refit: Any) -> Refit:
+    """A head's refit on ``rows`` (counted in ``unit``) of the ED ``source``'s pool: ``fit(rows, meta)``, the
+    meta recording the embedder, the data and ``limit``; its text gives the split sizes (and the epochs early
+    stopping chose, for a head that records them), then ``table_text`` of the dev table. The rest as
+    :func:`_refit_head`."""
+    meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
+
+    def describe(result) -> str:
+        m = result.head.meta
+        epochs = f"; {m['epochs']} epochs" if "epochs" in m else ""
+        return (f"train {m['train_rows']} {unit}, held out {m['held_out_rows']} {unit} / "
+                f"{m['held_out_conversations']} conversations{epochs}\n" + table_text(result.table))
+
+    return _refit_head(
+        name, f"ED pool {source.location}: {len(rows)} {unit} ({source.fingerprint}); embedding and fitting ...",
+        lambda: fit(rows, meta), describe, extras, limit=limit, **refit)
+
+
 def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None, output: Path | None = None,
                     check: bool = False, json_path: Path | None = None, command: str = "") -> Refit:
     """Refit the relevance head on the ED pool of ``data`` (see :mod:`trace_dspy.optimize.relevance`)."""
@@ -225,13 +244,6 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
 
     _check_outputs(output or WEIGHTS_FILE, json_path, check)
     source, embedder = _ed_pool(data, seed, limit, "the relevance head")
-    rows = pool_rows(source, limit, seed)
-    meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
-
-    def describe(result) -> str:
-        m = result.head.meta
-        return (f"train {m['train_rows']} rows, held out {m['held_out_rows']} rows / {m['held_out_conversations']} "
-                f"conversations; {m['epochs']} epochs\n" + relevance_table_text(result.table))
 
     def extras(result) -> dict:
         small = fit_pool(pool_rows(source, RELEVANCE_REPRODUCE_LIMIT, seed), embedder.encode, seed=seed)
@@ -241,10 +253,9 @@ def refit_relevance(data: str | None, *, seed: int = 0, limit: int | None = None
         return {"reproduce": {"limit": RELEVANCE_REPRODUCE_LIMIT, "dev_table": small.table},
                 "probes": [{"speaker": p, "reply": r, "p": s} for (p, r), s in zip(probes, scores)]}
 
-    return _refit_head(
-        "relevance head",
-        f"ED pool {source.location}: {len(rows)} rows ({source.fingerprint}); embedding and fitting ...",
-        lambda: fit_pool(rows, embedder.encode, seed=seed, meta=meta), describe, extras,
+    return _refit_ed_head(
+        "relevance head", "rows", source, pool_rows(source, limit, seed),
+        lambda rows, meta: fit_pool(rows, embedder.encode, seed=seed, meta=meta), relevance_table_text, extras,
         output=output or WEIGHTS_FILE, limit=limit, check=check, load_error=RelevanceError,
         same=same_relevance_table, json_path=json_path, command=command)
 
@@ -330,23 +341,14 @@ def refit_tone(data: str | None, *, seed: int = 0, limit: int | None = None, out
         keys = {r[0] for r in pool_rows(source, n, seed)}  # the same seeded conversations as the other heads
         return [r for r in tone_rows(source.pool) if r[0] in keys]
 
-    rows = rows_of(limit)
-    meta = {"embedding_model": EMBEDDING_MODEL, "data_fingerprint": source.fingerprint, "limit": limit}
-
-    def describe(result) -> str:
-        m = result.head.meta
-        return (f"train {m['train_rows']} replies, held out {m['held_out_rows']} replies / "
-                f"{m['held_out_conversations']} conversations\n" + tone_table_text(result.table))
-
     def extras(result) -> dict:
         small = fit_tone(rows_of(TONE_REPRODUCE_LIMIT), embedder.encode, seed=seed)
         scores = ToneScorer(result.head, encode=embedder.encode).pleasant_batch(list(TONE_PROBES))
         return {"reproduce": {"limit": TONE_REPRODUCE_LIMIT, "dev_table": small.table},
                 "probes": [{"reply": r, "p_pleasant": p} for r, p in zip(TONE_PROBES, scores)]}
 
-    return _refit_head(
-        "tone head",
-        f"ED pool {source.location}: {len(rows)} replies ({source.fingerprint}); embedding and fitting ...",
-        lambda: fit_tone(rows, embedder.encode, seed=seed, meta=meta), describe, extras,
+    return _refit_ed_head(
+        "tone head", "replies", source, rows_of(limit),
+        lambda rows, meta: fit_tone(rows, embedder.encode, seed=seed, meta=meta), tone_table_text, extras,
         output=output or WEIGHTS_FILE, limit=limit, check=check, load_error=ToneError, same=same_relevance_table,
         json_path=json_path, command=command)
