@@ -167,7 +167,8 @@ def test_compile_progress_goes_to_stderr_and_stdout_keeps_only_the_result(short_
 
     lm, _ = fake_lm(slow(echo_reply, 0.02))  # each phase outlasts the interval twice over
     offline_workdir(tmp_path, monkeypatch, lm)
-    (tmp_path / "fast.toml").write_text(FAST_CONFIG)
+    # the compact writer (in the field layout the fake LM answers), whose plans the compile fits in a phase
+    (tmp_path / "fast.toml").write_text(FAST_CONFIG + 'writer = "compact"\nreply_format = "fields"\n')
     assert main(["--train", "4", "--dev", "3", "--val", "3", "--plan-items", "4", "--threads", "1",
                  "--no-mlflow", "--config", "fast.toml"]) == 0
     out, err = capsys.readouterr()

@@ -69,16 +69,20 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
 
     The completion is the reply (``clean_reply``). With ``scaffold``
     (``reply_format = "scaffold"``) the system line drops the plan in words:
-    the openers of the scaffolded sentences carry it. A continuation call
+    the openers of the scaffolded sentences carry it. With ``briefed``
+    (``reply_format = "briefed"``, the layout a fine-tuned writer learns:
+    ``trace_dspy.compact.finetune``) it names the recognized emotion before the
+    plan. A continuation call
     (``continuation_signature``) sends the same chat with the reply so far as
     the assistant's last, unfinished turn, and its completion is returned as
     written. Every other stage is formatted as by DSPy's ChatAdapter.
     """
 
-    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, **kwargs):
+    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, briefed: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.exemplars = exemplars
         self.scaffold = scaffold
+        self.briefed = briefed
 
     def constraint_layout(self, signature) -> str | None:
         # The reply is plain chat text: its only bound is the stop at the line break.
@@ -110,7 +114,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         stock = textwrap.dedent(_stock_instructions()).strip()
         lead = LISTENER_ROLE if instructions == stock else instructions
         # Scaffolded, the openers carry the plan; in words it would only lengthen the prompt.
-        system = lead if self.scaffold else f"{lead} {plan_in_words(inputs)}".strip()
+        system = lead if self.scaffold else f"{lead} {self._brief(inputs)}{plan_in_words(inputs)}".strip()
         note = str(inputs.get("revision_note") or "").strip()
         if note:  # the reflection loop's audit of an earlier reply
             system += f" Your last reply was not right: {note}"
@@ -132,6 +136,11 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
             messages.append({"role": "assistant" if turn.role == LISTENER else "user", "content": turn.text})
         return messages
 
+    def _brief(self, inputs) -> str:
+        """The briefed layout's words on the emotion ("They feel lonely. "); empty in the other layouts."""
+        emotion = str(inputs.get("emotion") or "").strip().lower()
+        return f"They feel {emotion}. " if self.briefed and emotion else ""
+
     def parse(self, signature, completion):
         return counting_parse(self._parse, signature, completion)
 
@@ -149,14 +158,14 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         return {"response": reply}
 
 
-_CHAT_REPLY: dict[tuple[bool, bool], ChatReplyAdapter] = {}
+_CHAT_REPLY: dict[tuple[bool, bool, bool], ChatReplyAdapter] = {}
 
 
-def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False) -> ChatReplyAdapter:
+def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False, briefed: bool = False) -> ChatReplyAdapter:
     """A shared ChatReplyAdapter (it holds no per-call state)."""
-    key = (bool(exemplars), bool(scaffold))
+    key = (bool(exemplars), bool(scaffold), bool(briefed))
     if key not in _CHAT_REPLY:  # a race makes an equal one at worst
-        _CHAT_REPLY[key] = ChatReplyAdapter(exemplars=key[0], scaffold=key[1])
+        _CHAT_REPLY[key] = ChatReplyAdapter(exemplars=key[0], scaffold=key[1], briefed=key[2])
     return _CHAT_REPLY[key]
 
 

@@ -61,9 +61,10 @@ class CompactWriter:
 
     def adapter(self, stage: str) -> dspy.Adapter | None:
         """The adapter a stage's call is laid out by; None keeps the one ``dspy.settings`` holds."""
-        if stage == "generate_response" and self.reply_format() in ("chat", "scaffold"):
+        if stage == "generate_response" and self.reply_format() in ("chat", "scaffold", "briefed"):
             return chat_reply_adapter(exemplars=self.config.reply_exemplars,
-                                      scaffold=self.reply_format() == "scaffold")
+                                      scaffold=self.reply_format() == "scaffold",
+                                      briefed=self.reply_format() == "briefed")
         return COMPACT if self.config.adapter == "auto" else make_adapter(self.config.adapter)
 
     def reply_format(self) -> str:

@@ -20,7 +20,7 @@ from trace_dspy.core.stages import (  # the stage registry
 )
 
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
-REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold")
+REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold", "briefed")
 PLANNER_CHOICES: tuple[str, ...] = ("auto", "lm")
 # How the program writes (trace_dspy.program.writers): TRACE as published, or the small-model writer.
 WRITER_CHOICES: tuple[str, ...] = ("auto", "compact", "standard")
@@ -221,7 +221,7 @@ class ProgramConfig:
             object.__setattr__(self, "retrieval", RetrievalConfig.from_dict(self.retrieval))
         if self.writer not in WRITER_CHOICES:
             raise ConfigError(f"writer must be one of {', '.join(WRITER_CHOICES)}, not {self.writer!r}")
-        if self.writer == "standard" and self.reply_format in ("chat", "scaffold"):
+        if self.writer == "standard" and self.reply_format in ("chat", "scaffold", "briefed"):
             raise ConfigError(f"reply_format {self.reply_format!r} is the compact writer's layout; the standard "
                               "writer asks for the reply in DSPy's fields (set writer to compact or auto, or "
                               "reply_format to fields)")

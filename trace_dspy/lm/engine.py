@@ -17,6 +17,10 @@
   serialises calls, so the engine is thread-safe. It pickles (the model is
   reloaded lazily), and it saves its settings with ``dump_state`` / ``load_state``.
 
+- **A LoRA adapter** (``adapter``, a llama.cpp LoRA GGUF such as ``trace_dspy.lm.finetune`` writes) is
+  applied on top of the model by llama.cpp; the model is loaded and its states kept apart from the base's,
+  and ``adapter_tag`` puts the adapter's digest in the LM's name (DSPy's cache key).
+
 The model file and llama-cpp-python come with the ``local`` extra (``trace_dspy.lm.model_files``).
 """
 
@@ -108,8 +112,11 @@ class LlamaEngine:
         jump_forward: bool = True,
         state_files: bool = True,
         flash_attn: bool = False,
+        adapter: str | os.PathLike | None = None,
     ):
         self.model_path = str(model_path) if model_path else None
+        self.adapter = str(adapter) if adapter else None  # a LoRA adapter GGUF on top (trace_dspy.lm.finetune)
+        self._adapter_digest: str | None = None
         self.n_ctx = int(n_ctx)
         self.n_threads = int(n_threads or default_thread_count())
         # adaptive: each call gets the cores other processes leave free (trace_dspy.lm.threads); fixed: n_threads.
@@ -157,6 +164,7 @@ class LlamaEngine:
             "quote_fields": dict(self.quote_fields), "text_limits": dict(self.text_limits),
             "fast_greedy": self.fast_greedy, "loop_guard": self.loop_guard, "sample_min_p": self.sample_min_p,
             "jump_forward": self.jump_forward, "state_files": self.state_files, "flash_attn": self.flash_attn,
+            "adapter": self.adapter,
         }
 
     def __getstate__(self):
@@ -179,7 +187,20 @@ class LlamaEngine:
         return Path(self.model_path) if self.model_path else default_model_path()
 
     def _model(self) -> LoadedModel:
-        return load_model(str(self.resolved_path()), self.n_ctx, self.n_threads, self.seed, self.flash_attn)
+        return load_model(str(self.resolved_path()), self.n_ctx, self.n_threads, self.seed, self.flash_attn,
+                          adapter=self.adapter)
+
+    def adapter_tag(self) -> str:
+        """``+lora-<digest>`` of the adapter's bytes, for the LM's name (DSPy's cache key); "" without one.
+
+        The digest is of the file's content, so an adapter trained again at the same path gets a new name."""
+        if self.adapter is None:
+            return ""
+        if self._adapter_digest is None:
+            from trace_dspy.lm.finetune.gguf_lora import adapter_digest
+
+            self._adapter_digest = adapter_digest(self.adapter)
+        return f"+lora-{self._adapter_digest[:16]}"
 
     def warm_up(self) -> None:
         """Load the model now rather than on the first call."""
@@ -399,7 +420,8 @@ class LlamaEngine:
             return None
         folder = env.cache_dir("llama-states")  # read at each use: the cache folder may be changed in-process
         if model.files is None or model.files.folder != folder:
-            model.files = StateFiles(folder, str(self.resolved_path()), self.n_ctx, self.flash_attn)
+            model.files = StateFiles(folder, str(self.resolved_path()), self.n_ctx, self.flash_attn,
+                                     adapter=self.adapter)
         return model.files
 
     def stream(self, request):

@@ -36,23 +36,42 @@ _MODELS: dict[tuple, LoadedModel] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def load_model(path: str, n_ctx: int, n_threads: int, seed: int, flash_attn: bool = False) -> LoadedModel:
-    key = (path, n_ctx, n_threads, bool(flash_attn))
+def load_model(path: str, n_ctx: int, n_threads: int, seed: int, flash_attn: bool = False,
+               adapter: str | None = None) -> LoadedModel:
+    """The process's model for these settings, loaded on first use; ``adapter``: a LoRA adapter GGUF applied
+    on top (checked against the model first, see ``trace_dspy.lm.finetune.gguf_lora``)."""
+    key = (path, n_ctx, n_threads, bool(flash_attn), adapter)
     with _MODELS_LOCK:
         loaded = _MODELS.get(key)
         if loaded is None:
             llama_cpp = import_llama()
             if not Path(path).is_file():
                 raise LocalModelError(f"model file not found: {path}")
+            if adapter is not None:
+                from trace_dspy.lm.finetune.gguf_lora import check_adapter_for_model
+
+                check_adapter_for_model(adapter, path)
             with plain_weight_buffers(llama_cpp):
                 # flash_attn: see LlamaEngine (its KV layout differs, so it is part of the key).
-                llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
-                                        n_threads_batch=n_threads, seed=seed, flash_attn=bool(flash_attn),
-                                        verbose=False)
+                llama = _open_llama(llama_cpp, path, adapter, n_ctx=n_ctx, n_threads=n_threads,
+                                    n_threads_batch=n_threads, seed=seed, flash_attn=bool(flash_attn), verbose=False)
             loaded = _MODELS[key] = LoadedModel(llama, threading.Lock(), OrderedDict(), *chat_formatters(llama))
             if len(_MODELS) == 1:
                 atexit.register(_close_models)
         return loaded
+
+
+def _open_llama(llama_cpp, path: str, adapter: str | None, **kwargs) -> Any:
+    """``llama_cpp.Llama`` for ``path`` (with the LoRA ``adapter``); an adapter llama.cpp refuses is an error
+    that names the file."""
+    if adapter is None:
+        return llama_cpp.Llama(model_path=path, **kwargs)
+    try:
+        return llama_cpp.Llama(model_path=path, lora_path=adapter, **kwargs)
+    except (RuntimeError, ValueError) as exc:
+        from trace_dspy.lm.finetune.gguf_lora import AdapterFileError
+
+        raise AdapterFileError(adapter, f"llama.cpp cannot apply it to {Path(path).name} ({exc})") from None
 
 
 def _close_models() -> None:

@@ -4,9 +4,10 @@ One spec per role. ``default`` runs every stage unless a stage (or the
 ``analysis`` / ``response`` group) has its own; ``judge`` scores replies for the
 metric; ``prompt`` is the LM that optimizers use to propose or reflect on
 instructions. A spec's ``model`` is either ``local`` (the embedded
-SmolLM2-135M), ``local:/path/to/model.gguf``, or any model string that
-``dspy.LM`` accepts (``openai/gpt-4o-mini``, ``ollama_chat/llama3.2``,
-``hosted_vllm/...``).
+SmolLM2-135M), ``local:/path/to/model.gguf``, either with a LoRA adapter
+(``local::lora=/path/to/adapter.gguf``, see ``trace_dspy.lm.local_settings``),
+or any model string that ``dspy.LM`` accepts (``openai/gpt-4o-mini``,
+``ollama_chat/llama3.2``, ``hosted_vllm/...``).
 
 API keys never live in a config: a provider reads its usual environment
 variable (``OPENAI_API_KEY`` ...), or ``api_key_env`` names the variable to
@@ -33,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
@@ -51,7 +51,10 @@ from trace_dspy.core.safety import (
 )
 from trace_dspy.core.stages import STAGE_GROUPS
 from trace_dspy.lm.constraint import CONSTRAINT_KWARG, METADATA_KEY
-from trace_dspy.lm.threads import DEFAULT_POLICY, POLICIES
+from trace_dspy.lm.local_settings import check_local as _check_local
+from trace_dspy.lm.local_settings import is_local_model, local_model_string, parse_local_model
+from trace_dspy.lm.local_settings import is_number as _is_number
+from trace_dspy.lm.threads import DEFAULT_POLICY
 
 ROLES = ("judge", "prompt")
 _SECRET_KEYS = {"api_key", "key", "token", "password", "secret"}
@@ -63,52 +66,6 @@ MAX_RETRIES = 10
 MAX_TIMEOUT = 600.0
 MAX_API_BASE_CHARS = 2048
 MAX_MODEL_CHARS = 4096
-# The embedded engine's settings ([lm.local]): (types, lowest, highest) for numbers, (types,) otherwise.
-LOCAL_SETTINGS: dict[str, tuple] = {
-    "n_ctx": (int, 16, 131_072), "n_threads": ((int, type(None)), 1, 256), "seed": (int, 0, 2**32 - 1),
-    "max_states": (int, 0, 1024), "default_max_tokens": (int, 1, 131_072), "sample_min_p": ((int, float), 0.0, 0.99),
-    "constrained": (bool,), "prefix_cache": (bool,), "fast_greedy": (bool,), "loop_guard": (bool,),
-    "jump_forward": (bool,), "state_files": (bool,), "flash_attn": (bool,), "quote_fields": (dict,), "text_limits": (dict,),
-    "thread_policy": (str,)}
-
-
-def _is_number(value: Any, types: Any = (int, float)) -> bool:
-    return isinstance(value, types) and not isinstance(value, bool) and (
-        not isinstance(value, float) or math.isfinite(value))
-
-
-def _check_local(local: Any) -> None:
-    if not isinstance(local, dict):
-        raise ConfigError(f"local: expected a table of engine settings, found {type(local).__name__}")
-    unknown = sorted(set(local) - set(LOCAL_SETTINGS))
-    if unknown:
-        raise ConfigError(f"local: unknown key(s) {', '.join(map(repr, unknown))[:200]}; the embedded engine "
-                          f"takes {', '.join(LOCAL_SETTINGS)}")
-    for key, value in local.items():
-        types, *bounds = LOCAL_SETTINGS[key]
-        if bounds:
-            if value is None and type(None) in (types if isinstance(types, tuple) else (types,)):
-                continue
-            low, high = bounds
-            if not _is_number(value, types) or not low <= value <= high:
-                kind = "an integer" if types in (int, (int, type(None))) else "a number"
-                raise ConfigError(f"local.{key}: expected {kind} from {low:g} to {high:g}, found {value!r:.40}")
-        elif types is bool:
-            if not isinstance(value, bool):
-                raise ConfigError(f"local.{key}: expected true or false, found {value!r:.40}")
-        elif key == "thread_policy" and value not in POLICIES:
-            raise ConfigError(f"local.thread_policy: expected one of {', '.join(POLICIES)}, found {value!r:.40}")
-        elif key != "thread_policy":
-            inner = str if key == "quote_fields" else int
-            ok = isinstance(value, dict) and len(value) <= 64 and all(
-                isinstance(k, str) and len(k) <= 128 and (isinstance(v, str) and len(v) <= 128 if inner is str
-                                                          else _is_number(v, int) and 1 <= v <= 131_072)
-                for k, v in value.items())
-            if not ok:
-                what = "input field names" if inner is str else "character limits from 1 to 131072"
-                raise ConfigError(f"local.{key}: expected a table of output field names to {what}")
-
-
 def _check_spec_values(spec: LMSpec) -> None:
     """Refuse settings of the wrong type or out of bounds; the message names the field and the bound."""
     if not isinstance(spec.model, str) or not spec.model.strip() or len(spec.model) > MAX_MODEL_CHARS:
@@ -163,6 +120,11 @@ class LMSpec:
             raise ConfigError(
                 f"api_key_env must be the NAME of an environment variable, not {self.api_key_env[:4]!r}..."
             )
+        if self.is_local:  # a malformed adapter form, or two different adapters, are refused with the config
+            adapter = parse_local_model(self.model)[1]
+            if adapter is not None and self.local.get("adapter") not in (None, adapter):
+                raise ConfigError(f"the model string names the adapter {adapter!r:.200} and local.adapter another "
+                                  f"({self.local['adapter']!r:.200}); name it once")
         if self.is_local and "thread_policy" not in self.local:  # recorded with the spec, chosen or not
             object.__setattr__(self, "local", {**self.local, "thread_policy": DEFAULT_POLICY})
         # The variable this spec reads its key from, and a password in its URL, are masked in every
@@ -172,7 +134,7 @@ class LMSpec:
 
     @property
     def is_local(self) -> bool:
-        return self.model == "local" or self.model.startswith("local:")
+        return is_local_model(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything needed to rebuild the LM; never a key (URL credentials are masked)."""
@@ -368,6 +330,16 @@ class TraceLM(dspy.LM):
                                                                               self.kwargs.get("rollout_id")))
         return kwargs
 
+    def copy(self, **kwargs):
+        """A copy with ``kwargs`` changed. A new embedded-model string (``local:...``, which a fine-tune returns
+        to ``dspy.LM.finetune``) gets its own engine, with this one's settings, and the name that goes with it."""
+        model, engine = kwargs.get("model"), getattr(self, "engine", None)
+        if is_local_model(model) and model != self.model and hasattr(engine, "settings"):
+            base, adapter = parse_local_model(model)
+            fresh = local_lm(cache=self.cache, **{**engine.settings(), "model_path": base, "adapter": adapter})
+            kwargs.update(model=fresh.model, engine=fresh.engine, finetuning_model=fresh.finetuning_model)
+        return super().copy(**kwargs)
+
     # An error that leaves the LM has its credentials masked (a provider's 401 may quote the key), so
     # that every recorder after it (traces, logs, error rows) sees the masked text.
     def __call__(self, prompt=None, messages=None, **kwargs):
@@ -429,6 +401,7 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
     """
 
     from trace_dspy.lm.engine import SAMPLE_MIN_P, LlamaEngine
+    from trace_dspy.lm.finetune.provider import EmbeddedProvider
     from trace_dspy.lm.model_files import DEFAULT_MODEL_NAME, import_llama
 
     import_llama()  # fail early with the install hint
@@ -440,14 +413,17 @@ def local_lm(model_path: str | None = None, *, cache: bool = True, name: str | N
         name += "" if engine.loop_guard or not engine.fast_greedy else "+noguard"
         name += "" if engine.jump_forward or not engine.fast_greedy else "+nojump"
         name += "" if engine.sample_min_p == SAMPLE_MIN_P else f"+minp{engine.sample_min_p:g}"
-    return TraceLM(name, engine=engine, cache=cache)
+    name += engine.adapter_tag()  # an adapted model never shares cached replies with its base
+    # lm.finetune (dspy.BootstrapFinetune) trains a LoRA adapter on the base model file.
+    return TraceLM(name, engine=engine, cache=cache, provider=EmbeddedProvider(),
+                   finetuning_model=local_model_string(engine.model_path))
 
 
 def build_lm(spec: LMSpec) -> dspy.LM:
     """Build the ``dspy.LM`` a spec describes. Keys come only from the environment."""
     if spec.is_local:
-        path = spec.model.split(":", 1)[1] if ":" in spec.model else None
-        lm = local_lm(path, cache=spec.cache, **spec.local)
+        path, adapter = parse_local_model(spec.model)
+        lm = local_lm(path, cache=spec.cache, **({**spec.local, "adapter": adapter} if adapter else spec.local))
         lm.kwargs["temperature"] = spec.temperature
         if spec.max_tokens:
             lm.kwargs["max_tokens"] = spec.max_tokens

@@ -2,9 +2,9 @@
 
 A stage's system message (its instructions, field list and format) is the same for every dialogue. The engine
 keeps the llama.cpp state after it in memory (``trace_dspy.lm.models``); this folder keeps it across processes.
-A state is stored under a hash of what it depends on (model file, its size and modification time, the
-llama-cpp-python version, the context size, the attention kernel and the prompt tokens) and restored only if the tokens stored with
-it match the prompt exactly. Files are written whole (temporary name, then rename); at most ``MAX_FILES`` are
+A state is stored under a hash of what it depends on (model file and LoRA adapter, their sizes and modification
+times, the llama-cpp-python version, the context size, the attention kernel and the prompt tokens) and restored
+only if the tokens stored with it match the prompt exactly. Files are written whole (temporary name, then rename); at most ``MAX_FILES`` are
 kept, the least recently used go first. A damaged or unreadable file is ignored and the prefix read again.
 
 The folder is ``$TRACE_DSPY_CACHE/llama-states`` (default ``~/.cache/trace-dspy/llama-states``).
@@ -33,13 +33,17 @@ _HEADER = struct.Struct("<8sQQ")  # magic, token count, state bytes
 class StateFiles:
     """One model's saved prefix states in a folder."""
 
-    def __init__(self, folder: str | os.PathLike, model_path: str, n_ctx: int, flash_attn: bool = False):
+    def __init__(self, folder: str | os.PathLike, model_path: str, n_ctx: int, flash_attn: bool = False,
+                 adapter: str | None = None):
         import llama_cpp
 
         self.folder = Path(folder)
         stat = Path(model_path).stat()
         self._identity = f"{Path(model_path).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{n_ctx}|" \
                          f"{getattr(llama_cpp, '__version__', '?')}|fa={int(bool(flash_attn))}"
+        if adapter is not None:  # a LoRA adapter changes every state after the first token
+            held = Path(adapter).stat()
+            self._identity += f"|lora={Path(adapter).resolve()}|{held.st_size}|{held.st_mtime_ns}"
 
     def path(self, tokens: list[int]) -> Path:
         digest = hashlib.sha256(self._identity.encode() + np.asarray(tokens, np.int32).tobytes()).hexdigest()

@@ -45,7 +45,7 @@ def resolve_writer(config, lm) -> str:
     """``config.writer`` with ``auto`` resolved for the reply stage's ``lm``."""
     if config.writer != "auto":
         return config.writer
-    if config.reply_format in ("chat", "scaffold") or (lm is not None and is_embedded(lm)):
+    if config.reply_format in ("chat", "scaffold", "briefed") or (lm is not None and is_embedded(lm)):
         return "compact"
     return "standard"
 
