@@ -17,7 +17,14 @@ from trace_dspy.core.config import ConfigError, from_table
 from trace_dspy.core.console import Progress, counting_dspy_calls, heartbeat, progress
 from trace_dspy.core.extras import install_hint
 
+# The optimizers of prompts and demos (compile_program).
 OPTIMIZERS = ("select", "labeled", "bootstrap", "mipro", "gepa", "simba")
+# Every optimizer a compile takes: those, and finetune, which trains the compact writer's reply stage into a LoRA
+# adapter for the embedded model through the compile workflow (trace_dspy.workflows.finetuning).
+COMPILE_OPTIMIZERS = (*OPTIMIZERS, "finetune")
+# finetune: what the fine-tuned writer learns from (trace_dspy.compact.finetune): the pool's human listener replies,
+# the program's own replies that the metric passes, or both.
+FINETUNE_MIXES = ("human", "program", "human+program")
 # "select" keeps the uncompiled program among its candidates, so a compile cannot ship a program that scored
 # worse on the selection set; plain bootstrapping collapsed to one copied demo reply on the seed set
 # (docs/results/compiling.md); the main jobs with select are recorded in docs/bench/main_job.json (v0002) and main_job_v0003.json.
@@ -59,11 +66,20 @@ class OptimizerConfig:
     # training dialogues it chose EX+EX (training score 0.622 -> 0.661) and dev rose 0.536 -> 0.572, at about
     # 1.7x the LM calls per dialogue on 200 ED test items (docs/results/compiling.md, "Further reply plans").
     plan_items: int = 16
+    # finetune (compile --optimizer finetune: a LoRA adapter for the embedded model's reply stage, see
+    # trace_dspy.workflows.finetuning): the training data (FINETUNE_MIXES), the pool conversations drawn for it
+    # (None: all), and the LoRA rank, epochs and learning rate (None: trace_dspy.compact.finetune's defaults).
+    finetune_mix: str = "human"
+    finetune_limit: int | None = None
+    finetune_rank: int | None = None
+    finetune_epochs: int | None = None
+    finetune_learning_rate: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"optimizer {self.name!r}: choose from {', '.join(OPTIMIZERS)}")
+        if self.name not in COMPILE_OPTIMIZERS:
+            raise ConfigError(f"optimizer {self.name!r}: choose from {', '.join(COMPILE_OPTIMIZERS)}")
+        _check_finetune(self)
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, int) and f.name != "seed" and value < 0:
@@ -74,6 +90,8 @@ class OptimizerConfig:
 
     def settings(self) -> dict[str, Any]:
         """Only the settings this optimizer uses (for manifests and MLflow params)."""
+        if self.name == "finetune":  # no demos, no part fits: the writer is trained, the prompts stay
+            return {"name": self.name, "seed": self.seed, **self.finetune_settings()}
         used = {
             "select": ("max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates",
                        "select_margin"),
@@ -87,12 +105,32 @@ class OptimizerConfig:
                 **({"opener_items": self.opener_items} if self.opener_items else {}),
                 **({"plan_items": self.plan_items} if self.plan_items else {})}
 
+    def finetune_settings(self) -> dict[str, Any]:
+        """The finetune settings: the mix and the limit always, the LoRA settings where they are set."""
+        lora = {k: getattr(self, k) for k in ("finetune_rank", "finetune_epochs", "finetune_learning_rate")
+                if getattr(self, k) is not None}
+        return {"finetune_mix": self.finetune_mix, "finetune_limit": self.finetune_limit, **lora}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> OptimizerConfig:
         return from_table(cls, data, "optimizer")
+
+
+def _check_finetune(cfg: OptimizerConfig) -> None:
+    """The finetune settings' types and bounds (ConfigError naming the setting)."""
+    if cfg.finetune_mix not in FINETUNE_MIXES:
+        raise ConfigError(f"optimizer setting finetune_mix must be one of {', '.join(FINETUNE_MIXES)}, "
+                          f"not {cfg.finetune_mix!r:.40}")
+    for name in ("finetune_limit", "finetune_rank", "finetune_epochs"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"optimizer setting {name} must be a whole number >= 1, got {value!r:.40}")
+    rate = cfg.finetune_learning_rate
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1):
+        raise ConfigError(f"optimizer setting finetune_learning_rate must be a number in (0, 1], got {rate!r:.40}")
 
 
 Compiler = Callable[..., dspy.Module]
@@ -110,6 +148,7 @@ class FitRecords:
     reply_openers: dict[str, Any] | None = None
     reply_plans: dict[str, Any] | None = None
     first_plan: dict[str, Any] | None = None
+    writer_adapter: dict[str, Any] | None = None  # the fine-tuned writer's training (trace_dspy.workflows.finetuning)
 
 
 @dataclass(frozen=True)
@@ -241,6 +280,9 @@ def compile_program(cfg: OptimizerConfig, program: dspy.Module, metric, trainset
     """
     if not trainset:
         raise ConfigError("the training set is empty")
+    if cfg.name not in COMPILERS:  # finetune trains the writer's weights: trace_dspy.workflows.finetuning
+        raise ConfigError(f"the {cfg.name} optimizer runs through the compile workflow (compile --optimizer "
+                          f"{cfg.name}), not compile_program")
     prefit = fit_parts(program, list(trainset), log or (lambda message: None)) if fit_parts else None
     if prefit is not None:
         program = prefit.program

@@ -2,6 +2,7 @@
 
     python -m trace_dspy.compile                      # offline, embedded model, defaults
     python -m trace_dspy.compile --optimizer gepa --prompt-lm openai/gpt-4o --train 64 --dev 32
+    python -m trace_dspy.compile --optimizer finetune --finetune-mix human   # a LoRA-tuned writer (CPU, long)
 
 A compile evaluates the uncompiled program on dev, compiles (by default
 ``select``: the uncompiled, labeled-demo and bootstrapped programs are scored
@@ -25,7 +26,7 @@ from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import out, say
 from trace_dspy.data.sources import DataError
-from trace_dspy.optimize.optimizers import OPTIMIZERS
+from trace_dspy.optimize.optimizers import COMPILE_OPTIMIZERS, FINETUNE_MIXES
 from trace_dspy.workflows.compiling import CompileConfig, CompileFailed, run_compile
 from trace_dspy.workflows.evaluation import FailureRateExceeded
 from trace_dspy.workflows.preflight import PreflightError, check_output_folder, check_run_settings
@@ -34,7 +35,7 @@ from trace_dspy.workflows.preflight import PreflightError, check_output_folder, 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = command_parser("compile", __doc__, prog)
     opt = parser.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", choices=OPTIMIZERS, help="default: select (the best of the uncompiled, labeled and bootstrapped programs "
+    opt.add_argument("--optimizer", choices=COMPILE_OPTIMIZERS, help="default: select (the best of the uncompiled, labeled and bootstrapped programs "
                                                           "on a selection set; see docs/results/compiling.md)")
     opt.add_argument("--max-demos", type=int, dest="max_bootstrapped_demos", help="bootstrapped demos per stage")
     opt.add_argument("--max-labeled", type=int, dest="max_labeled_demos", help="labeled demos per stage")
@@ -56,6 +57,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     opt.add_argument("--plan-items", type=int,
                      help="training dialogues the further reply plans are chosen on before compiling (0: the LM's "
                           "plan only; docs/results/compiling.md, \"Further reply plans\")")
+    opt.add_argument("--finetune-mix", choices=FINETUNE_MIXES,
+                     help="finetune: what the writer's LoRA adapter learns from: the pool's human listener replies "
+                          "(default), the program's replies the metric passes, or both")
+    opt.add_argument("--finetune-limit", type=int,
+                     help="finetune: pool conversations drawn for training (default: all of the training side)")
+    opt.add_argument("--finetune-rank", type=int, help="finetune: LoRA rank (default 16)")
+    opt.add_argument("--finetune-epochs", type=int, help="finetune: passes over the training examples (default 1)")
+    opt.add_argument("--finetune-lr", type=float, dest="finetune_learning_rate",
+                     help="finetune: learning rate (default 5e-4)")
     parser.add_argument("--train", type=int, help="training examples (default 16)")
     parser.add_argument("--dev", type=int, help="dev examples for before/after (default 16)")
     parser.add_argument("--val", type=int, help="selection examples, from the training side, apart from the train "
@@ -79,7 +89,8 @@ def config_from_args(argv: list[str], prog: str | None = None) -> CompileConfig:
     flags = {key: getattr(args, key) for key in (
         "max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
         "mipro_candidates", "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps",
-        "simba_candidates", "simba_bsize", "opener_items", "plan_items")}
+        "simba_candidates", "simba_bsize", "opener_items", "plan_items", "finetune_mix", "finetune_limit",
+        "finetune_rank", "finetune_epochs", "finetune_learning_rate")}
     optimizer = settings.optimizer(**flags, name=args.optimizer or None,
                                    seed=(settings.raw.get("optimizer") or {}).get("seed", args.seed))
     default = {f.name: f.default for f in dataclasses.fields(CompileConfig)}

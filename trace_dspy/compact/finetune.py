@@ -23,8 +23,7 @@ from typing import Any
 
 from trace_dspy.compact.reply_adapter import ChatReplyAdapter
 from trace_dspy.core.config import ConfigError, ProgramConfig
-
-MIXES = ("human", "program", "human+program")
+from trace_dspy.optimize.optimizers import FINETUNE_MIXES as MIXES
 
 
 @dataclass(frozen=True)

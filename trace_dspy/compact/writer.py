@@ -28,6 +28,7 @@ from trace_dspy.compact.reply_variety import DEFAULT_SIZE, RecentOpenings
 from trace_dspy.compact.reward import compact_reward
 from trace_dspy.compact.scaffold import ScaffoldedReply
 from trace_dspy.lm.adapters import COMPACT, make_adapter
+from trace_dspy.lm.finetune.adapted import adapted_lm
 from trace_dspy.lm.kinds import takes_grammar
 from trace_dspy.optimize.selection import ReplySelection
 
@@ -66,6 +67,15 @@ class CompactWriter:
                                       scaffold=self.reply_format() == "scaffold",
                                       briefed=self.reply_format() == "briefed")
         return COMPACT if self.config.adapter == "auto" else make_adapter(self.config.adapter)
+
+    def stage_lm(self, program, stage: str) -> dspy.LM | None:
+        """The LM a stage runs on in place of its own, or None to keep it: the reply stage of a program with a
+        fine-tuned writer (its ``writer_adapter`` part) runs on its embedded LM with the LoRA adapter on top
+        (built once, ``trace_dspy.lm.finetune.adapted``); the earlier stages stay on the base model."""
+        adapter = program.parts["writer_adapter"] if stage == "generate_response" else None
+        if adapter is None:
+            return None
+        return adapted_lm(program.lm_for(stage), adapter.path)
 
     def reply_format(self) -> str:
         return "scaffold" if self.config.reply_format == "auto" else self.config.reply_format

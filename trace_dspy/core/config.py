@@ -122,12 +122,12 @@ class ProgramConfig:
         several candidates chosen by a guarded reward, the plan race and the
         prior's single label. ``auto`` (the default): compact where the reply
         stage runs on the embedded model or ``reply_format`` asks for chat or
-        scaffold, standard otherwise. The settings below marked "compact
-        writer" are read only by it; ``auto`` values resolve per writer.
+        scaffold, standard otherwise. The settings marked "(compact writer)"
+        are read only by it; ``auto`` values resolve per writer.
     adapter: how prompts are laid out: ``chat`` (DSPy's ChatAdapter), ``compact``
         (fewer layout tokens, for grammar-constrained small models), ``json``, or
         ``auto``: compact under the compact writer, DSPy's own otherwise.
-    reply_format: how the reply stage is asked: ``fields`` (the adapter's field
+    reply_format (compact writer): how the reply stage is asked: ``fields`` (the adapter's field
         layout, like every stage), ``chat`` (the conversation as chat turns, the
         plan in words, the reply as the plain answer; see
         trace_dspy.compact.reply_adapter.ChatReplyAdapter), ``scaffold`` (the chat turns,
@@ -136,16 +136,18 @@ class ProgramConfig:
         "How are you feeling" for EX; see ``scaffold_openers``; a compile with
         ``--opener-items`` ranks each mechanism's openers by the metric and the
         artifact keeps its own, see trace_dspy.compact.opener_fit), or ``auto``:
-        scaffold for a grammar-constrained small model (the embedded one), where
-        it was measured against chat (docs/results/replies.md, "Scaffolded replies"),
-        fields otherwise. Artifacts saved before the option existed load as
+        scaffold under the compact writer, where it was measured against chat
+        (docs/results/replies.md, "Scaffolded replies"); ``briefed`` (the chat
+        turns, the recognized emotion and the plan in the system line: the
+        layout a fine-tuned writer learns, trace_dspy.compact.finetune). The
+        standard writer always asks in the field layout. Artifacts saved before the option existed load as
         ``fields``, the layout they were compiled with.
     prior_k: how many candidate labels the fitted emotion prior (see
         trace_dspy.program.emotion_prior) offers ``recognize_emotion``, with their
         probabilities; a grammar-constrained engine may only choose among them.
-        0 turns the prior off. ``auto`` (the default): 1 for a grammar-constrained
-        small model (the embedded one), where the prior's first label was measured
-        to beat the LM's choice, 5 for other LMs. With one candidate on a
+        0 turns the prior off. ``auto`` (the default): 1 under the compact writer
+        (measured on the embedded model, where the prior's first label beat the
+        LM's choice), 5 under the standard writer. With one candidate on a
         constrained engine the stage takes it without an LM call. Artifacts saved
         before the prior existed load with 0.
     best_of: how many reply candidates the reply stage may write: the first as
@@ -154,10 +156,10 @@ class ProgramConfig:
         sample_min_p``); the one with the highest reference-free metric score
         (learned empathy, strategy fit, relevance and rules; no LM call) is kept.
         Candidates stop as soon as one reaches ``best_of_threshold``. 1 = one reply.
-        ``auto``: 4 for a grammar-constrained small model (the embedded one),
-        where it was measured (docs/results/replies.md), 1 for other LMs. Artifacts
+        ``auto``: 4 under the compact writer (measured on the embedded model,
+        docs/results/replies.md), 1 under the standard writer. Artifacts
         saved before the option existed load with 1.
-    opener_variety: where the program keeps a history of the openings of its
+    opener_variety (compact writer): where the program keeps a history of the openings of its
         recent replies (``respond`` and ``chat``), how many of the
         acknowledgement's (ER) best openers a scaffolded reply's first candidate
         is drawn from (3: all the stock ones): the one recent replies used
@@ -166,13 +168,13 @@ class ProgramConfig:
         tone band's acknowledgements (``trace_dspy.compact.openers.BAND_OPENERS``)
         are all drawn from, with or without a history, whatever this says.
         Artifacts saved before the option existed load with the default.
-    variety_penalty: where the program keeps a history of the openings of its
+    variety_penalty (compact writer): where the program keeps a history of the openings of its
         recent replies (``respond`` and ``chat`` do; evaluations and compiles
         do not), the reply race and Best-of-N sampling lower each candidate by
         this much times the share of recent replies that opened with the same
         two words before they choose; the recorded rewards are unchanged. 0
         turns it off.
-    tone_floor: the reply reward's tone guard. The metric's tone head
+    tone_floor (compact writer): the reply reward's tone guard. The metric's tone head
         (trace_dspy.optimize.tone) gives the chance that a candidate's tone is
         on the side of the situation, as pleasant as the emotion prior finds it
         (``TraceProgram.situation_pleasant``); below this floor the candidate's
@@ -180,14 +182,14 @@ class ProgramConfig:
         news loses to one that does not. 0 turns it off. It needs the embed
         extra (without it the guard is off, with a warning). Artifacts saved
         before the option existed load with the default.
-    planner: how the plan stage decides. ``auto`` (the default): where the
+    planner (compact writer): how the plan stage decides. ``auto`` (the default): where the
         artifact holds a fitted ``first_plan`` (a compile found that, on the
         grammar-constrained embedded model, racing fitted plans without the
         planner's plan scored as well; see trace_dspy.compact.plan_fit) and the LM
         is such a model, the planner is not called and the reply race starts
         from that plan. Everywhere else the LM plans. ``lm``: the LM always
         plans. Artifacts without a first plan behave the same under both.
-    reply_exemplars: in the chat and scaffold layouts, show the writer the retrieved
+    reply_exemplars (compact writer): in the chat and scaffold layouts, show the writer the retrieved
         exemplars (the nearest conversations of the pool, filtered by the
         emotion's group) as earlier chat turns, so that a small model answers
         in their tone (docs/results/replies.md, "Nearest exemplars for the writer").

@@ -7,7 +7,9 @@ Each kind of part is one ``FittedPart`` subclass, listed once in ``PARTS``:
 - ``reply_openers``: the scaffolded reply's fitted openers (kept in the manifest);
 - ``reply_plans``: the further reply plans a reply is written for (kept in the manifest);
 - ``first_plan``: the plan a constrained LM's reply race starts from in place of a planner call, where the
-  compile found that call did not pay (kept in the manifest).
+  compile found that call did not pay (kept in the manifest);
+- ``writer_adapter``: the fine-tuned writer, a LoRA adapter (``writer_adapter.gguf``) the reply stage runs with
+  on the embedded model (``trace_dspy.program.adapter_part``).
 
 A part's name is its manifest table (its record: how it was fitted, and the
 value itself for parts small enough to keep there) and its ``TraceProgram``
@@ -260,8 +262,48 @@ class FirstPlan(ManifestPart):
                 "standard writer")
 
 
+class WriterAdapterPart(FittedPart):
+    """The fine-tuned writer's LoRA adapter (``trace_dspy.program.adapter_part.WriterAdapter``); None: the reply
+    stage runs on its LM as it is."""
+
+    name, label = "writer_adapter", "writer adapter"
+
+    @classmethod
+    def check(cls, value):
+        from trace_dspy.program.adapter_part import as_adapter
+
+        return as_adapter(value)
+
+    @classmethod
+    def record(cls, value, fit, config) -> Record | None:
+        from trace_dspy.program.adapter_part import adapter_record
+
+        return adapter_record(value, fit)
+
+    @classmethod
+    def save(cls, value, folder: Path) -> None:
+        if value is not None:
+            value.save(folder)
+
+    @classmethod
+    def load(cls, folder: Path, record: Record, config):
+        from trace_dspy.program.adapter_part import AdapterPartError, load_adapter
+
+        try:
+            return load_adapter(folder, record)
+        except AdapterPartError as exc:
+            raise PartError(*exc.args) from None
+
+    @classmethod
+    def describe(cls, record, program) -> str:
+        from trace_dspy.program.adapter_part import describe_adapter
+
+        return describe_adapter(record, program)
+
+
 # The registry: every kind of fitted part, in the order they are loaded and shown.
-PARTS: tuple[type[FittedPart], ...] = (RetrievalIndex, EmotionPriorPart, ReplyOpeners, ReplyPlans, FirstPlan)
+PARTS: tuple[type[FittedPart], ...] = (RetrievalIndex, EmotionPriorPart, ReplyOpeners, ReplyPlans, FirstPlan,
+                                       WriterAdapterPart)
 
 
 def part_names() -> tuple[str, ...]:
@@ -311,8 +353,10 @@ class FittedParts:
         return FittedParts(self._values, {**self._records, **given})
 
     def records(self, config) -> dict[str, Record | None]:
-        """Each part's manifest record under the program ``config``."""
-        return {p.name: p.record(self._values[p.name], self._records.get(p.name), config) for p in PARTS}
+        """Each part's manifest record under the program ``config``; a part whose record is None (a kind that
+        keeps no table when not fitted) has none."""
+        records = {p.name: p.record(self._values[p.name], self._records.get(p.name), config) for p in PARTS}
+        return {name: record for name, record in records.items() if record is not None}
 
     def save(self, folder: str | os.PathLike, config) -> dict[str, Record | None]:
         """Write every part's files into ``folder``; returns the records for the manifest."""

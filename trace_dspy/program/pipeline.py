@@ -236,9 +236,11 @@ class TraceProgram(dspy.Module):
         return self._stage_lms.get(stage)
 
     def _stage_context(self, stage: str, writer: Writer | None = None):
-        """The stage's LM (its own, where it has one) and the adapter its writer lays it out with."""
-        lm = self._stage_lm(stage)
-        adapter = (writer or self.writer()).adapter(stage)
+        """The stage's LM (its own, where it has one; a fine-tuned writer's adapted LM for the reply stage, see
+        ``Writer.stage_lm``) and the adapter its writer lays it out with."""
+        writer = writer or self.writer()
+        lm = writer.stage_lm(self, stage) or self._stage_lm(stage)
+        adapter = writer.adapter(stage)
         overrides = {k: v for k, v in (("lm", lm), ("adapter", adapter)) if v is not None}
         return dspy.context(**overrides) if overrides else nullcontext()
 

@@ -32,6 +32,7 @@ class Writer(Protocol):
     exemplars_last_turn: bool
 
     def adapter(self, stage: str) -> dspy.Adapter | None: ...
+    def stage_lm(self, program, stage: str) -> dspy.LM | None: ...
     def reply_format(self) -> str: ...
     def best_of(self) -> int: ...
     def prior_k(self) -> int: ...
@@ -67,6 +68,17 @@ def part_fitter(cfg, metric):
     return fit
 
 
+def finetune_writer(opt, program, source, trainset, metric, log, progress=None):
+    """``compile --optimizer finetune``: train the compact writer's reply stage into a LoRA adapter for the
+    embedded model (``trace_dspy.compact.finetune_fit``). ``opt``: the OptimizerConfig; ``source``: the data
+    source whose pool gives the human listener replies; ``trainset``: the training side's examples. Returns
+    a ``FinetuneFit``: the program as a fine-tuned writer runs it (with its ``writer_adapter`` part), the
+    manifest record of the training and the loss curve."""
+    from trace_dspy.compact.finetune_fit import fit_writer, training_side
+
+    return fit_writer(opt, program, training_side(source, trainset), trainset, metric, log, progress)
+
+
 def compact_guards():
     """The compact writer's reply guards as the metric takes them (``EmpathyMetric(guards=...)``), for studies of
     the guards themselves (``metric_validity --reply-guards``)."""
@@ -95,6 +107,16 @@ class StandardWriter:
 
     def adapter(self, stage: str) -> dspy.Adapter | None:
         return None if self.config.adapter == "auto" else make_adapter(self.config.adapter)
+
+    def stage_lm(self, program, stage: str) -> dspy.LM | None:
+        """None: every stage keeps its LM. A fine-tuned writer's adapter (the ``writer_adapter`` part) is the
+        compact writer's; that it is not used here is said once."""
+        adapter = program.parts["writer_adapter"] if stage == "generate_response" else None
+        if adapter is not None:
+            from trace_dspy.lm.finetune.adapted import note_unused
+
+            note_unused(adapter.path, "the standard writer writes the reply")
+        return None
 
     def reply_format(self) -> str:
         return "fields"

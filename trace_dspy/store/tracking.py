@@ -283,6 +283,24 @@ def log_metrics(metrics: Mapping[str, float]) -> None:
     mlflow.log_metrics(dict(metrics))
 
 
+def log_metric_steps(key: str, values: list[float]) -> None:
+    """Log ``values`` as the metric ``key`` of the active run, one step each from 1 (a loss curve), in batches
+    of 1000 (one call per step would take a store transaction each); values that are not finite are left out."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    run = mlflow.active_run()
+    if run is None:
+        return
+    now = int(time.time() * 1000)
+    rows = [Metric(key, float(v), now, step) for step, v in enumerate(values, 1) if math.isfinite(v)]
+    client = mlflow.MlflowClient()
+    for i in range(0, len(rows), 1000):
+        client.log_batch(run.info.run_id, metrics=rows[i:i + 1000])
+
+
 def log_artifacts(folder: str | os.PathLike, artifact_path: str | None = None) -> None:
     """Log every file in ``folder`` to the active run, under ``artifact_path``."""
     import mlflow

@@ -29,6 +29,8 @@ from trace_dspy.workflows.evaluation import (
     evaluate_program,
     format_table,
 )
+from trace_dspy.workflows.finetuning import finetune_compile
+from trace_dspy.workflows.finetuning import preflight as preflight_finetune
 from trace_dspy.workflows.loading import not_worse_than_uncompiled
 from trace_dspy.workflows.settings import Settings
 
@@ -173,6 +175,7 @@ def _prepare(cfg: CompileConfig, phase: Progress) -> _Prepared:
     from trace_dspy.program.pipeline import TraceProgram
     from trace_dspy.workflows.prior import DEV_FRACTION
 
+    preflight_finetune(cfg)  # --optimizer finetune: its extras and its model, before any work
     phase.note("reading the data")
     situations = resolve_situations(cfg.situations)  # a bad file stops the compile before any work
     full = load_splits(cfg.data.source, seed=cfg.seed, dev_fraction=DEV_FRACTION)
@@ -220,9 +223,10 @@ def _optimize_and_evaluate(cfg: CompileConfig, prep: _Prepared, tmp: Path, run) 
     _log(f"2/4 compiling with {cfg.optimizer.name}")
     with dspy.context(lm=prep.lms.default):
         try:
-            result = compile_program(cfg.optimizer, prep.program, prep.metric, prep.train, prep.val,
-                                     prompt_lm=prep.lms.role("prompt"), log=_log,
-                                     fit_parts=part_fitter(cfg.optimizer, prep.metric))
+            result = finetune_compile(cfg, prep, run, _log) if cfg.optimizer.name == "finetune" else \
+                compile_program(cfg.optimizer, prep.program, prep.metric, prep.train, prep.val,
+                                prompt_lm=prep.lms.role("prompt"), log=_log,
+                                fit_parts=part_fitter(cfg.optimizer, prep.metric))
         except DSPyError as exc:  # e.g. BootstrapFewShot stops after max_errors failed examples
             first = next((line for line in str(exc).splitlines() if line.strip()), "")[:300]
             raise CompileFailed(f"the {cfg.optimizer.name} optimizer stopped: {type(exc).__name__}: "
@@ -292,7 +296,8 @@ def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run
     run_id = run.info.run_id if run is not None else None
     manifest = Manifest(
         name=cfg.name,
-        config=cfg.record(),
+        # The program's config as compiled: the settings', or a fine-tuned writer's (trace_dspy.compact.finetune).
+        config={**cfg.record(), "program": ev.compiled.config.to_dict()},
         optimizer={**cfg.optimizer.settings(), **({"selection": ev.selection} if ev.selection else {})},
         metric={"name": prep.metric.name, "config": prep.metric.config.to_dict(),
                 "similarity_kind": prep.metric.similarity_kind},
@@ -308,9 +313,10 @@ def _persist(cfg: CompileConfig, prep: _Prepared, ev: _Evaluated, tmp: Path, run
         champion=ev.champion,
     )
     # The openers, plans and first plan the optimizer fitted come with the records of their fits
-    # (trace_dspy.compact.opener_fit, .plans); the index and the prior are saved as files.
+    # (trace_dspy.compact.opener_fit, .plans), a fine-tuned writer with its training's; the index, the prior and
+    # the writer's adapter are saved as files.
     fitted = ev.compiled.parts.with_records(reply_openers=ev.fits.reply_openers, reply_plans=ev.fits.reply_plans,
-                                            first_plan=ev.fits.first_plan)
+                                            first_plan=ev.fits.first_plan, writer_adapter=ev.fits.writer_adapter)
     extra_files = {"dev_before.jsonl": tmp / "dev_before.jsonl", "dev_after.jsonl": tmp / "dev_after.jsonl"}
     return artifacts.write_artifact(ev.compiled, manifest, name=cfg.name, root=cfg.artifacts_dir, parts=fitted,
                                     extra_files=extra_files)

@@ -81,6 +81,10 @@ def _load_artifact(ref: str, *, lm_config: LMConfig | None = None, root: str | o
     program = build_program(stored.config, stored.state, parts=stored.parts,
                             stage_lms=lms.stage_lms() if attach_lms else None,
                             stage_lms_default=stage_lms_default, where=str(folder / "program.json"))
+    if attach_lms and stored.parts["writer_adapter"] is not None:
+        # A fine-tuned writer's adapter is checked against the reply stage's model now (an AdapterFileError
+        # naming the file), or its not being used said, rather than at the first reply.
+        program.writer().stage_lm(program, "generate_response")
     return LoadedProgram(program, lms, stored.manifest, folder, ref)
 
 
