@@ -1,0 +1,55 @@
+"""Train the fine-tuned writer's adapter on the data pool's first listener replies and record the run.
+
+    TRACE_DSPY_CACHE=... python docs/bench/finetune/train_writer.py ../shared/data/empathetic_dialogues 1400 \
+        docs/bench/finetune/training.json
+
+The examples are those ``compile --optimizer finetune`` builds (``trace_dspy.compact.finetune``); the provider
+keeps the adapter and its checkpoint under ``$TRACE_DSPY_CACHE/finetune``, so a second run with the same data and
+settings reuses them. The record holds the data counts, the settings, the loss of every step, tokens, seconds and
+the adapter's sha256.
+"""
+
+import hashlib
+import json
+import sys
+import time
+
+from trace_dspy.compact.finetune import FinetuneConfig, human_examples, train_writer, tuned_config
+from trace_dspy.core.config import ProgramConfig
+from trace_dspy.data.listener_replies import listener_replies
+from trace_dspy.optimize.empathy import shared_scorer
+from trace_dspy.program.pipeline import stage_signature
+
+
+def main(data: str, limit: str, record: str) -> None:
+    cfg = FinetuneConfig(limit=int(limit))
+    replies = listener_replies(data, limit=cfg.limit, seed=cfg.seed)
+    signature = stage_signature("generate_response", tuned_config(ProgramConfig()))
+    examples = human_examples(replies.items, shared_scorer(), signature)
+    started = time.time()
+
+    def show(p):
+        if p.step % 5 == 0 or p.step == p.total:
+            print(f"step {p.step}/{p.total} loss {p.loss:.3f} {p.tokens_per_second:.0f} tokens/s", flush=True)
+
+    writer = train_writer(cfg, {"human": examples}, progress=show)
+    result = writer.result
+    with open(writer.adapter, "rb") as fh:  # file-audit: a measurement script's own output
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    out = {"command": "python docs/bench/finetune/train_writer.py " + " ".join(sys.argv[1:]),
+           "data": {"pool_conversations": replies.counts.conversations, "kept": replies.counts.kept,
+                    "sampled": replies.counts.sampled, "short_reply": replies.counts.short_reply,
+                    "examples": writer.counts},
+           "settings": {**cfg.train_kwargs(), "target_modules": list(cfg.lora["target_modules"])},
+           "steps": result.steps, "tokens": result.tokens, "training_seconds": round(result.seconds, 1),
+           "tokens_per_second": round(result.tokens_per_second, 1), "resumed_from": result.resumed_from,
+           "truncated": result.truncated, "losses": [round(x, 4) for x in result.losses],
+           "wall_seconds_this_run": round(time.time() - started, 1),
+           "adapter": {"file": writer.adapter.name, "bytes": writer.adapter.stat().st_size, "sha256": digest}}
+    with open(record, "w") as fh:  # file-audit: a measurement script's own output
+        json.dump(out, fh, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "losses"}, indent=1))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,51 @@
+"""Answer a respond-style JSONL of messages with trace-dspy@v6's stages and a fine-tuned writer.
+
+    python docs/bench/finetune/tuned_replies.py ADAPTER.gguf INPUT.jsonl OUTPUT.jsonl [plain|race]
+
+The emotion, cause and plan come from trace-dspy@v6 on the embedded model as they do in ``respond``; the reply
+stage runs on the same model with the LoRA adapter, in the briefed layout (``trace_dspy.compact.finetune``):
+``plain`` writes one reply for the plan (no plan race, no Best-of-N), ``race`` keeps v6's plan race and
+Best-of-N around the tuned writer. Rows are written as ``respond --input`` writes them (id, dialogue, response).
+"""
+
+import dataclasses
+import json
+import sys
+import time
+
+import trace_dspy
+from trace_dspy.compact.finetune import tuned_config
+from trace_dspy.core.dialogue import normalize_dialogue
+from trace_dspy.lm.specs import local_lm
+
+
+def tuned_program(adapter: str, variant: str):
+    program = trace_dspy.load("trace-dspy@v6")
+    config = tuned_config(program.config)
+    if variant == "plain":
+        config = dataclasses.replace(config, best_of=1)
+    program.config = config
+    if variant == "plain":
+        program = program.with_parts(reply_plans=(), first_plan=None)
+    base = local_lm()
+    stages = {stage: base for stage in ("recognize_emotion", "analyze_cause", "plan_strategy")}
+    return program.set_stage_lms({**stages, "generate_response": local_lm(adapter=adapter)}).remember_openings()
+
+
+def main(adapter: str, source: str, target: str, variant: str = "plain") -> None:
+    program = tuned_program(adapter, variant)
+    with open(source) as fh:  # file-audit: a measurement script's input
+        rows = [json.loads(line) for line in fh if line.strip()]
+    started = time.time()
+    with open(target, "w") as out:  # file-audit: a measurement script's own output
+        for number, row in enumerate(rows, 1):
+            dialogue = normalize_dialogue(row.get("turns") or row.get("dialogue"))
+            pred = program(dialogue=dialogue)
+            out.write(json.dumps({"id": row.get("id", f"line-{number}"), "dialogue": dialogue,
+                                  "response": pred.response, "emotion": pred.emotion,
+                                  "strategy": pred.strategy, "secondary_strategy": pred.secondary_strategy}) + "\n")
+    print(f"{len(rows)} dialogues, {(time.time() - started) / len(rows):.2f} s per dialogue")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
