@@ -257,3 +257,18 @@ def test_install_hint_names_the_checkouts_command(monkeypatch):
         assert extras.install_hint("embed") == 'pip install "trace-dspy[embed]"'  # from an index
     finally:
         extras.install_hint.cache_clear()
+
+
+def test_every_package_folder_is_listed_for_the_wheel():
+    # a new subpackage missing from [tool.setuptools] packages is left out of the wheel (and an installed
+    # program that imports it fails), while the editable install still finds it
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    root = REPO / "trace_dspy"
+    folders = {".".join(("trace_dspy", *p.parent.relative_to(root).parts)) for p in root.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert folders - listed == set()
+    # each with modules to import is a regular package (a folder without __init__.py imports as a namespace
+    # package); a launcher folder holds only its __main__.py
+    modules = {".".join(("trace_dspy", *p.parent.relative_to(root).parts)) for p in root.rglob("*.py")
+               if "__pycache__" not in p.parts and p.name != "__main__.py"}
+    assert all((root.joinpath(*f.split(".")[1:]) / "__init__.py").is_file() for f in modules)
