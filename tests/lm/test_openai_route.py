@@ -94,8 +94,7 @@ def test_program_runs_through_the_openai_route(llama_server, monkeypatch):
 STANDARD_RESPOND = (
     "import json, sys\n"
     "from trace_dspy.cli.main import main\n"
-    "code = main(['respond', '--json', '--lm', 'openai/smollm2', '--api-base', sys.argv[1], "
-    "'--api-key-env', 'TRACE_SERVER_KEY', 'My sister is moving across the country next month.'])\n"
+    "code = main(['respond', '--json', '--config', sys.argv[1], 'My sister is moving across the country next month.'])\n"
     "print(json.dumps({'code': code, 'compact': sorted(m for m in sys.modules if m.startswith('trace_dspy.compact'))}))\n"
 )
 
@@ -105,7 +104,12 @@ STANDARD_RESPOND = (
 def test_a_standard_run_on_the_server_makes_no_compact_call(llama_server, tmp_path):
     env = {**os.environ, "TRACE_SERVER_KEY": "sk-local-test", "TRACE_DSPY_CACHE": str(tmp_path / "cache"),
            "DSPY_CACHEDIR": str(tmp_path / "dspy")}
-    run = subprocess.run([sys.executable, "-c", STANDARD_RESPOND, llama_server], capture_output=True, text=True,
+    # The model behind the server is the 135M one: without the grammar DSPy's layout is beyond it. The grammar
+    # (server_grammar) keeps the layout; it does not make the writer compact.
+    config = tmp_path / "server.toml"
+    config.write_text(f'[lm]\nmodel = "openai/smollm2"\napi_base = "{llama_server}"\napi_key_env = "TRACE_SERVER_KEY"\n'
+                      'server_grammar = true\n')
+    run = subprocess.run([sys.executable, "-c", STANDARD_RESPOND, str(config)], capture_output=True, text=True,
                          timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
