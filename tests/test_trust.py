@@ -450,7 +450,14 @@ def _fake_cli(tmp_path: Path, *args: str) -> subprocess.Popen:
     (tmp_path / "c.toml").write_text("[program]\nprior_k = 0\n")
     return subprocess.Popen([sys.executable, str(REPO / "tests/fake_cli.py"), "trace_dspy.cli.respond",
                              "--config", str(tmp_path / "c.toml"), *args],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=interruptible)
+
+
+def interruptible() -> None:
+    """In the child: SIGINT as a terminal gives it, even where the suite runs with it ignored (a background job
+    started without job control inherits it ignored, and Python then installs no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt_when(proc: subprocess.Popen, ready, timeout: float = 120) -> tuple[int, str]:

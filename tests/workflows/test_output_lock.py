@@ -206,6 +206,12 @@ def test_two_chats_saving_to_one_file_at_once_keep_both_conversations(tmp_path, 
 # ---------------------------------------------------------------- two processes, as the attack ran
 
 
+def interruptible() -> None:
+    """In the child: SIGINT as a terminal gives it, even where the suite runs with it ignored (a background job
+    started without job control inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_second_respond_process_is_refused_while_the_first_process_writes(tmp_path, second, capsys):
     run, asked, src = second
     texts = FIRST[:5] + ["and this last one is slow"]
@@ -216,7 +222,7 @@ def test_a_second_respond_process_is_refused_while_the_first_process_writes(tmp_
     proc = subprocess.Popen([sys.executable, str(REPO / "tests/fake_cli.py"), "trace_dspy.cli.respond", "--config",
                              str(tmp_path / "c.toml"), "--program", "default", "--input", str(first_src),
                              "--output", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "sleeping").exists() and proc.poll() is None and time.monotonic() < deadline:
