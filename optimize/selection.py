@@ -118,6 +118,21 @@ class MetricCache:
         return metric
 
 
+def reply_demos(predictor) -> tuple[str, ...]:
+    """The replies of a reply predictor's demos: a candidate that pastes one is no reply (the reward's copy
+    sources), and the key a reward metric is kept under."""
+    return tuple(str(d["response"]) for d in predictor.demos if d.get("response"))
+
+
+def reward_candidate(inputs: dict, pred, **extra) -> dspy.Prediction:
+    """What a reward metric reads of a candidate written for the reply stage's ``inputs``: the reply, the plan
+    it was written for, the emotion, the exemplars, and ``extra`` fields (the compact writer's
+    ``situation_pleasant``)."""
+    return dspy.Prediction(response=pred.response, emotion=inputs.get("emotion"), **extra,
+                           strategy=inputs.get("strategy"), secondary_strategy=inputs.get("secondary_strategy"),
+                           exemplars=inputs.get("exemplars") or [])
+
+
 def candidate_span(number: int, prediction, reward: float) -> None:
     """A Best-of-N candidate in the trace: its reply and its reward (no-op with tracing off)."""
     if spans.enabled():

@@ -12,6 +12,7 @@ import logging
 import dspy
 
 from trace_dspy.compact.guards import GUARDS
+from trace_dspy.optimize.selection import reply_demos, reward_candidate
 
 _log = logging.getLogger(__name__)
 
@@ -34,16 +35,9 @@ def reward_metric(demos: tuple[str, ...], tone_floor: float):
 
 def compact_reward(program, inputs: dict, pred) -> float:
     """The reward of a reply candidate ``pred`` written for the reply stage's ``inputs`` by ``program``."""
-    demos = tuple(str(d["response"]) for d in program.generate_response.demos if d.get("response"))
+    demos = reply_demos(program.generate_response)
     floor = float(program.config.tone_floor)
     metric = program.reward_metrics.get(("compact", demos, floor), lambda: reward_metric(demos, floor))
-    return metric.evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate_of(program, inputs, pred)).score
-
-
-def candidate_of(program, inputs: dict, pred) -> dspy.Prediction:
-    """What the metric reads of a candidate: the reply, the plan it was written for, the emotion, the exemplars
-    and the situation's pleasantness (from the emotion prior)."""
-    return dspy.Prediction(response=pred.response, emotion=inputs.get("emotion"),
-                           situation_pleasant=program.situation_pleasant(inputs["dialogue"]),
-                           strategy=inputs.get("strategy"), secondary_strategy=inputs.get("secondary_strategy"),
-                           exemplars=inputs.get("exemplars") or [])
+    # The situation's pleasantness (from the emotion prior) is what the tone floor weighs the reply's tone by.
+    candidate = reward_candidate(inputs, pred, situation_pleasant=program.situation_pleasant(inputs["dialogue"]))
+    return metric.evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score

@@ -18,7 +18,7 @@ import dspy
 
 from trace_dspy.lm.adapters import make_adapter
 from trace_dspy.lm.kinds import is_embedded
-from trace_dspy.optimize.selection import ReplySelection
+from trace_dspy.optimize.selection import ReplySelection, reply_demos, reward_candidate
 
 WRITERS: tuple[str, ...] = ("auto", "compact", "standard")
 # prior_k = "auto" for the standard writer: the prior's top 5 as a hint the LM may follow or not.
@@ -140,13 +140,9 @@ class StandardWriter:
             return float(program.reward_fn(inputs, pred))
         from trace_dspy.optimize.metric import EmpathyMetric
 
-        demos = tuple(str(d["response"]) for d in program.generate_response.demos if d.get("response"))
+        demos = reply_demos(program.generate_response)
         metric = program.reward_metrics.get(("standard", demos), lambda: EmpathyMetric(copy_sources=demos))
-        candidate = dspy.Prediction(response=pred.response, emotion=inputs.get("emotion"),
-                                    strategy=inputs.get("strategy"),
-                                    secondary_strategy=inputs.get("secondary_strategy"),
-                                    exemplars=inputs.get("exemplars") or [])
-        return metric.evaluate(dspy.Example(dialogue=inputs["dialogue"]), candidate).score
+        return metric.evaluate(dspy.Example(dialogue=inputs["dialogue"]), reward_candidate(inputs, pred)).score
 
     def write_reply(self, program, predictor, inputs: dict, state: dict) -> dspy.Prediction:
         if self.best_of() <= 1:
