@@ -5,6 +5,7 @@ SmolLM2, that the adapter llama.cpp applies moves the model the way the trained 
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 
@@ -18,6 +19,7 @@ from dspy.clients.utils_finetune import TrainDataFormat, TrainingStatus  # noqa:
 from trace_dspy.core.config import ConfigError  # noqa: E402
 from trace_dspy.lm.finetune import lora as lora_module  # noqa: E402
 from trace_dspy.lm.finetune.gguf_lora import read_lora_gguf  # noqa: E402
+from trace_dspy.lm.finetune.lora_checkpoint import TrainingStopped  # noqa: E402
 from trace_dspy.lm.finetune.provider import EmbeddedProvider, finetune_local  # noqa: E402
 from trace_dspy.lm.local_settings import local_model_string, parse_local_model  # noqa: E402
 from trace_dspy.lm.specs import LMSpec, TraceLM, build_lm  # noqa: E402
@@ -96,6 +98,32 @@ def test_lm_finetune_returns_a_local_lm_that_runs_base_and_adapter(tiny_base, tm
     # the same request again finds its finished checkpoint: nothing is trained twice
     again = finetune_local(f"local:{tiny_base}", EXAMPLES, {**SMALL, "output_dir": str(tmp_path / "out")})
     assert again.model == returned and again.result.resumed_from == again.result.steps == 4
+
+
+def test_a_cancelled_job_stops_after_its_step_keeps_it_and_the_same_run_resumes_there(tiny_base, tmp_path):
+    lm = build_lm(LMSpec(model=f"local:{tiny_base}", temperature=0.0))
+    kwargs = {**SMALL, "output_dir": str(tmp_path / "out")}
+    started, jobs = threading.Event(), []
+
+    def on_step(p):
+        started.wait(30)  # DSPy returns the job once its thread is running
+        if p.step == 2:
+            assert jobs[0].cancel() is True  # between two checkpoints (every 50 steps)
+
+    job = lm.finetune(EXAMPLES, TrainDataFormat.CHAT, {**kwargs, "progress": on_step})
+    jobs.append(job)
+    started.set()
+    stopped = job.result(timeout=120)
+    assert isinstance(stopped, TrainingStopped) and stopped.step == 2 and stopped.total == 4
+    assert "its checkpoint in" in str(stopped) and str(tmp_path / "out") in str(stopped)
+    assert job.status() == TrainingStatus.cancelled and job.cancel() is False  # a finished job stays finished
+    assert not list((tmp_path / "out").glob("*.gguf"))  # no adapter of half a run
+    resumed = finetune_local(f"local:{tiny_base}", EXAMPLES, kwargs)
+    assert resumed.result.resumed_from == 2 and resumed.result.steps == 4
+    whole = finetune_local(f"local:{tiny_base}", EXAMPLES, {**kwargs, "output_dir": str(tmp_path / "whole")})
+    for name, (a, b) in whole.result.weights.items():  # stopped and resumed ends where an unbroken run ends
+        got_a, got_b = resumed.result.weights[name]
+        assert abs(got_a - a).max() < 1e-6 and abs(got_b - b).max() < 1e-6
 
 
 def test_requests_the_provider_cannot_serve_are_refused_by_name(tiny_base, tmp_path):

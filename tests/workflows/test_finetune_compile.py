@@ -45,6 +45,13 @@ class _Scorer:
         return [{"ER": 2.0, "IP": 0.5, "EX": 1.0} for _ in replies]
 
 
+class _Relevance:
+    """The relevance head's interface: every reply fits its speaker."""
+
+    def score_batch(self, speakers, lasts, replies):
+        return [0.9 for _ in replies]
+
+
 @pytest.fixture
 def tiny_compile(tmp_path, monkeypatch):
     """A working directory whose every LM is a fake that fine-tunes a stand-in base file into the tiny Llama;
@@ -56,6 +63,7 @@ def tiny_compile(tmp_path, monkeypatch):
     offline_workdir(tmp_path, monkeypatch, lm)
     monkeypatch.setattr(lora_module, "load_base_for_training", lambda path: tiny_causal_lm())
     monkeypatch.setattr(finetune_fit, "_scorer", lambda: _Scorer())  # the training data's planner
+    monkeypatch.setattr(finetune_fit, "_relevance", lambda floors: _Relevance())  # and the floors' reader
     (tmp_path / "fast.toml").write_text(FAST_CONFIG)
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 

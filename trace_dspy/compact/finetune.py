@@ -27,14 +27,37 @@ from trace_dspy.optimize.optimizers import FINETUNE_MIXES as MIXES
 
 
 @dataclass(frozen=True)
+class ReplyFloors:
+    """What a human reply must reach to be learned from, read by the metric's own models: ``relevance``, the
+    relevance head's P(fits) for that speaker; ``empathy``, the mean of the EPITOME scorer's three expected
+    levels (0 to 2). ED's listeners also wrote replies that fit nobody ("They do love to surprise ya, do not
+    they?" to a spider in the bathtub) or show no care ("That will be no fun."); this is the metric's pass,
+    as BootstrapFinetune keeps only the traces its metric passes. 0 and 0 keep every reply."""
+
+    relevance: float = 0.6
+    empathy: float = 0.35
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.relevance <= 1.0 or not 0.0 <= self.empathy <= 2.0:
+            raise ConfigError(f"reply floors out of range: relevance {self.relevance} (0 to 1), "
+                              f"empathy {self.empathy} (0 to 2)")
+
+    def passes(self, relevance: float | None, levels: dict[str, float]) -> bool:
+        """Whether a reply with this relevance (None: not read) and these EPITOME levels is learned from."""
+        empathy = (levels["ER"] + levels["IP"] + levels["EX"]) / 3
+        return empathy >= self.empathy and (relevance is None or relevance >= self.relevance)
+
+
+@dataclass(frozen=True)
 class FinetuneConfig:
     """What the writer is trained on and how: ``mix`` (``MIXES``), ``limit`` (pool conversations; None: all),
-    the LoRA settings (``lora``: keywords of ``trace_dspy.lm.finetune.lora.LoraSettings``), ``float16``
-    adapter weights, and ``seed``."""
+    ``floors`` (the human replies learned from), the LoRA settings (``lora``: keywords of
+    ``trace_dspy.lm.finetune.lora.LoraSettings``), ``float16`` adapter weights, and ``seed``."""
 
     mix: str = "human"
     limit: int | None = None
     seed: int = 0
+    floors: ReplyFloors = field(default_factory=ReplyFloors)
     float16: bool = True
     lora: dict[str, Any] = field(default_factory=lambda: {
         "rank": 16, "alpha": 32.0, "learning_rate": 5e-4, "epochs": 1, "batch_size": 8, "max_length": 192,
@@ -66,19 +89,33 @@ def plan_of(levels: dict[str, float]) -> tuple[str, str]:
     return ranked[0], ranked[1]
 
 
-def human_examples(replies: Sequence, scorer, signature) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class HumanExamples:
+    """The chat examples made from human replies, and how many replies the floors left out."""
+
+    examples: list[dict[str, Any]]
+    below_floors: int
+
+
+def human_examples(replies: Sequence, scorer, signature, *, relevance=None,
+                   floors: ReplyFloors = ReplyFloors(0.0, 0.0)) -> HumanExamples:
     """Chat fine-tuning examples from pool conversations' first listener replies (``ListenerReply``): the
-    reply stage's prompt in the briefed layout, then the human reply."""
+    reply stage's prompt in the briefed layout, then the human reply; replies below ``floors`` (read by the
+    EPITOME ``scorer`` and the ``relevance`` scorer, where given) are left out and counted."""
     adapter = ChatReplyAdapter(exemplars=False, briefed=True)
-    levels = scorer.score_batch([r.speaker for r in replies], [r.reply for r in replies])
+    speakers, texts = [r.speaker for r in replies], [r.reply for r in replies]
+    levels = scorer.score_batch(speakers, texts)
+    fits = relevance.score_batch(speakers, speakers, texts) if relevance is not None else [None] * len(texts)
     examples = []
-    for reply, level in zip(replies, levels):
+    for reply, level, fit in zip(replies, levels, fits):
+        if not floors.passes(fit, level):
+            continue
         primary, secondary = plan_of(level)
         inputs = {"dialogue": f"Speaker: {reply.speaker}", "emotion": reply.emotion, "strategy": primary,
                   "secondary_strategy": secondary, "exemplars": []}
         messages = adapter.format(signature, [], inputs)
         examples.append({"messages": [*messages, {"role": "assistant", "content": reply.reply}]})
-    return examples
+    return HumanExamples(examples, len(texts) - len(examples))
 
 
 def program_examples(traces: Sequence[tuple[dict, str]], signature) -> list[dict[str, Any]]:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import dspy
 
-from trace_dspy.compact.finetune import FinetuneConfig, human_examples, program_examples, train_writer, tuned_config
+from trace_dspy.compact.finetune import (FinetuneConfig, HumanExamples, human_examples, program_examples,
+                                        train_writer, tuned_config)
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import progress as progress_bar
 from trace_dspy.lm.local_settings import is_local_model, parse_local_model
@@ -78,6 +79,15 @@ def _scorer():
     return scorer
 
 
+def _relevance(floors):
+    """The metric's relevance head, which the floors read each human reply with (None: no relevance floor)."""
+    if floors.relevance <= 0:
+        return None
+    from trace_dspy.optimize.relevance import shared_relevance
+
+    return shared_relevance()  # the 'embed' extra is there: _scorer() was asked first
+
+
 def first_turns(trainset: Sequence[dspy.Example], limit: int | None, seed: int) -> list[dspy.Example]:
     """Each conversation's first example (its shortest dialogue), ``limit`` of them drawn with ``seed``."""
     first: dict[str, dspy.Example] = {}
@@ -122,9 +132,14 @@ def training_data(cfg: FinetuneConfig, program, signature, source, trainset: Seq
     if "human" in sources:
         scorer = _scorer()  # refused before any reply is read
         replies = listener_replies(source, limit=cfg.limit, seed=cfg.seed)
-        examples["human"] = human_examples(replies.items, scorer, signature) if len(replies) else []
-        facts["pool"] = replies.counts.as_dict()
-        log(f"finetune: {len(replies)} human listener replies from the training side of {replies.location}")
+        human = human_examples(replies.items, scorer, signature, relevance=_relevance(cfg.floors),
+                               floors=cfg.floors) if len(replies) else HumanExamples([], 0)
+        examples["human"] = human.examples
+        facts["pool"] = {**replies.counts.as_dict(), "below_floors": human.below_floors}
+        facts["floors"] = asdict(cfg.floors)
+        log(f"finetune: {len(replies)} human listener replies from the training side of {replies.location}, "
+            f"{human.below_floors} below the floors (relevance {cfg.floors.relevance}, empathy "
+            f"{cfg.floors.empathy}) left out")
     if "program" in sources:
         turns = first_turns(trainset, cfg.limit, cfg.seed)
         traces = program_traces(program, turns, metric, log)

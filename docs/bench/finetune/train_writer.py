@@ -1,7 +1,12 @@
 """Train the fine-tuned writer's adapter on the data pool's first listener replies and record the run.
 
     TRACE_DSPY_CACHE=... python docs/bench/finetune/train_writer.py ../shared/data/empathetic_dialogues 1400 \
-        docs/bench/finetune/training.json
+        docs/bench/finetune/training.json --floors 0,0
+    TRACE_DSPY_CACHE=... python docs/bench/finetune/train_writer.py ../shared/data/empathetic_dialogues all \
+        docs/bench/finetune2/training.json --epochs 2
+
+LIMIT is a number of pool conversations or ``all``; ``--floors RELEVANCE,EMPATHY`` sets the human replies
+learned from (``ReplyFloors``; the default is FinetuneConfig's, ``0,0`` keeps every reply); ``--epochs N``.
 
 The examples are those ``compile --optimizer finetune`` builds (``trace_dspy.compact.finetune``); the provider
 keeps the adapter and its checkpoint under ``$TRACE_DSPY_CACHE/finetune``, so a second run with the same data and
@@ -9,23 +14,38 @@ settings reuses them. The record holds the data counts, the settings, the loss o
 the adapter's sha256.
 """
 
+import argparse
 import hashlib
 import json
 import sys
 import time
+from dataclasses import asdict
 
-from trace_dspy.compact.finetune import FinetuneConfig, human_examples, train_writer, tuned_config
+from trace_dspy.compact.finetune import FinetuneConfig, ReplyFloors, human_examples, train_writer, tuned_config
 from trace_dspy.core.config import ProgramConfig
 from trace_dspy.data.listener_replies import listener_replies
 from trace_dspy.optimize.empathy import shared_scorer
+from trace_dspy.optimize.relevance import shared_relevance
 from trace_dspy.program.pipeline import stage_signature
 
 
-def main(data: str, limit: str, record: str) -> None:
-    cfg = FinetuneConfig(limit=int(limit))
-    replies = listener_replies(data, limit=cfg.limit, seed=cfg.seed)
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("data")
+    parser.add_argument("limit")
+    parser.add_argument("record")
+    parser.add_argument("--floors", default=None)
+    parser.add_argument("--epochs", type=int, default=None)
+    args = parser.parse_args(argv)
+    base = FinetuneConfig()
+    floors = ReplyFloors(*map(float, args.floors.split(","))) if args.floors else base.floors
+    lora = {**base.lora, **({"epochs": args.epochs} if args.epochs else {})}
+    cfg = FinetuneConfig(limit=None if args.limit == "all" else int(args.limit), floors=floors, lora=lora)
+    replies = listener_replies(args.data, limit=cfg.limit, seed=cfg.seed)
     signature = stage_signature("generate_response", tuned_config(ProgramConfig()))
-    examples = human_examples(replies.items, shared_scorer(), signature)
+    relevance = shared_relevance() if floors.relevance > 0 else None
+    human = human_examples(replies.items, shared_scorer(), signature, relevance=relevance, floors=floors)
+    examples = human.examples
     started = time.time()
 
     def show(p):
@@ -39,7 +59,7 @@ def main(data: str, limit: str, record: str) -> None:
     out = {"command": "python docs/bench/finetune/train_writer.py " + " ".join(sys.argv[1:]),
            "data": {"pool_conversations": replies.counts.conversations, "kept": replies.counts.kept,
                     "sampled": replies.counts.sampled, "short_reply": replies.counts.short_reply,
-                    "examples": writer.counts},
+                    "floors": asdict(floors), "below_floors": human.below_floors, "examples": writer.counts},
            "settings": {**cfg.train_kwargs(), "target_modules": list(cfg.lora["target_modules"])},
            "steps": result.steps, "tokens": result.tokens, "training_seconds": round(result.seconds, 1),
            "tokens_per_second": round(result.tokens_per_second, 1), "resumed_from": result.resumed_from,
@@ -52,4 +72,4 @@ def main(data: str, limit: str, record: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(sys.argv[1:])

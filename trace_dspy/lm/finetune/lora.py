@@ -32,7 +32,8 @@ from typing import Any
 
 from trace_dspy.core.config import ConfigError
 from trace_dspy.lm.finetune.gguf_lora import HF_TO_LLAMA
-from trace_dspy.lm.finetune.lora_checkpoint import FinetuneError, TrainState, load_checkpoint, save_checkpoint
+from trace_dspy.lm.finetune.lora_checkpoint import (FinetuneError, TrainingStopped, TrainState, load_checkpoint,
+                                                    save_checkpoint)
 from trace_dspy.lm.model_files import LocalModelError
 
 TARGETS = tuple(m.split(".")[-1] for m in HF_TO_LLAMA)
@@ -228,8 +229,10 @@ def lora_weights(params: list[tuple[str, Any]]) -> dict[str, tuple[Any, Any]]:
 
 
 def _run_steps(peft_model: Any, optimizer: Any, params: list[tuple[str, Any]], batches: list[dict[str, Any]],
-               state: TrainState, save: Callable[[TrainState], None], every: int, progress: Progress | None) -> None:
-    """Train from ``state.step`` to the end of ``batches``, checkpointing every ``every`` steps and at the end."""
+               state: TrainState, save: Callable[[TrainState], None], every: int, progress: Progress | None,
+               stop: Callable[[], bool] | None = None) -> bool:
+    """Train from ``state.step`` to the end of ``batches``, checkpointing every ``every`` steps and at the end;
+    where ``stop()`` turns true after a step, that step is saved and True returned (stopped early)."""
     import torch
 
     peft_model.train()
@@ -248,22 +251,29 @@ def _run_steps(peft_model: Any, optimizer: Any, params: list[tuple[str, Any]], b
         tokens = int(batch["attention_mask"].sum())
         state.step, state.tokens, state.seconds = step + 1, state.tokens + tokens, state.seconds + seconds
         state.losses.append(float(loss.item()))
-        if state.step % every == 0 or state.step == total:
+        saved = state.step % every == 0 or state.step == total
+        if saved:
             save(state)
         if progress is not None:
             progress(TrainingProgress(state.step, total, state.losses[-1], tokens / max(seconds, 1e-9),
                                       state.tokens, state.seconds))
+        if stop is not None and state.step < total and stop():
+            if not saved:
+                save(state)
+            return True
+    return False
 
 
 def train_lora(model: Any, tokenizer: Any, examples: list[dict[str, Any]], settings: LoraSettings | None = None,
                *, checkpoint_dir: str | os.PathLike | None = None, progress: Progress | None = None,
-               base: str = "") -> LoraResult:
+               base: str = "", stop: Callable[[], bool] | None = None) -> LoraResult:
     """Train a LoRA adapter on ``model`` (a transformers causal LM; peft adds the adapter's layers to it in
     place, so afterwards it runs with the adapter) from chat ``examples``.
 
     With ``checkpoint_dir``, the run is saved there every ``settings.checkpoint_every`` steps and at the end,
     and a checkpoint already there of the same data, settings and model (``base`` names the model file) is
-    resumed; one of another run is refused (FinetuneError)."""
+    resumed; one of another run is refused (FinetuneError). ``stop`` is asked after every step: true saves
+    the checkpoint and raises TrainingStopped."""
     import torch
 
     settings = settings or LoraSettings()
@@ -284,7 +294,8 @@ def train_lora(model: Any, tokenizer: Any, examples: list[dict[str, Any]], setti
         if checkpoint_dir is not None:
             save_checkpoint(checkpoint_dir, identity, current, len(batches), params, optimizer)
 
-    _run_steps(peft_model, optimizer, params, batches, state, save, settings.checkpoint_every, progress)
+    if _run_steps(peft_model, optimizer, params, batches, state, save, settings.checkpoint_every, progress, stop):
+        raise TrainingStopped(state.step, len(batches), os.fspath(checkpoint_dir) if checkpoint_dir else None)
     peft_model.eval()
     return LoraResult(losses=list(state.losses), tokens=state.tokens, seconds=state.seconds, steps=state.step,
                       seed=settings.seed, resumed_from=resumed_from, truncated=sum(r[2] for r in rows),

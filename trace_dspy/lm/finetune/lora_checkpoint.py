@@ -32,6 +32,16 @@ class FinetuneError(ValueError):
     """Training data, a checkpoint or a request that fine-tuning cannot use; the message says which and why."""
 
 
+class TrainingStopped(RuntimeError):
+    """A training run was asked to stop (``LocalTrainingJob.cancel``) and did, after saving its checkpoint:
+    the same run started again resumes at ``step``."""
+
+    def __init__(self, step: int, total: int, where: str | None):
+        kept = f"; its checkpoint in {where} resumes it" if where else " (no checkpoint folder: nothing is kept)"
+        super().__init__(f"training stopped at step {step} of {total}{kept}")
+        self.step, self.total = step, total
+
+
 @dataclass
 class TrainState:
     """Where a run is: steps done, the loss of each, tokens read and seconds spent training."""

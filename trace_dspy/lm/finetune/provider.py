@@ -36,7 +36,7 @@ from dspy.clients.utils_finetune import TrainingStatus
 
 from trace_dspy.core import env
 from trace_dspy.core.config import ConfigError
-from trace_dspy.lm.finetune.lora_checkpoint import FinetuneError
+from trace_dspy.lm.finetune.lora_checkpoint import FinetuneError, TrainingStopped
 from trace_dspy.lm.local_settings import is_local_model, local_model_string, parse_local_model
 
 # train_kwargs that are not LoRA settings.
@@ -55,16 +55,30 @@ class FinetuneOutcome:
 
 
 class LocalTrainingJob(TrainingJob):
-    """A fine-tuning job of the embedded model; ``progress`` is its last step's TrainingProgress."""
+    """A fine-tuning job of the embedded model; ``progress`` is its last step's TrainingProgress.
+
+    ``cancel()`` asks the run to stop after its current step: that step's checkpoint is written, and the job's
+    result is a TrainingStopped (status ``cancelled``); the same job started again resumes from it."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.progress: Any = None
+        self.stop_asked = threading.Event()
+
+    def cancel(self) -> bool:
+        """Ask a job that has not finished to stop after its current step; False when it already has."""
+        if self.done():
+            return False
+        self.stop_asked.set()
+        return True
 
     def status(self) -> TrainingStatus:
         if not self.done():
             return TrainingStatus.running if self.progress is not None else TrainingStatus.pending
-        return TrainingStatus.failed if isinstance(self.result(), Exception) else TrainingStatus.succeeded
+        result = self.result()
+        if isinstance(result, TrainingStopped):
+            return TrainingStatus.cancelled
+        return TrainingStatus.failed if isinstance(result, Exception) else TrainingStatus.succeeded
 
 
 def base_identity(path: Path) -> str:
@@ -148,7 +162,8 @@ def finetune_local(model: str, train_data: list[dict[str, Any]], train_kwargs: d
             raise FinetuneError(f"{path}: LoRA adapters for llama.cpp are written for Llama-architecture models; "
                                 f"this one is {getattr(config, 'model_type', '?')}")
         result = lora.train_lora(base_model, tokenizer, train_data, settings, checkpoint_dir=folder / f"{name}.ckpt",
-                                 progress=progress, base=identity)
+                                 progress=progress, base=identity,
+                                 stop=job.stop_asked.is_set if job is not None else None)
     adapter = write_lora_gguf(folder / f"{name}.gguf", result.weights, alpha=settings.alpha,
                               n_head=config.num_attention_heads, n_kv_head=config.num_key_value_heads,
                               float16=bool(run.get("float16")))
