@@ -68,9 +68,12 @@ class OptimizerConfig:
     plan_items: int = 16
     # finetune (compile --optimizer finetune: a LoRA adapter for the embedded model's reply stage, see
     # trace_dspy.workflows.finetuning): the training data (FINETUNE_MIXES), the pool conversations drawn for it
-    # (None: all), and the LoRA rank, epochs and learning rate (None: trace_dspy.compact.finetune's defaults).
+    # (None: all), the floors a human reply must reach to be learned from (relevance, mean EPITOME level; None:
+    # ReplyFloors' defaults, 0.6 and 0.35), and the LoRA rank, epochs and learning rate (None:
+    # trace_dspy.compact.finetune's defaults).
     finetune_mix: str = "human"
     finetune_limit: int | None = None
+    finetune_floors: tuple[float, float] | None = None
     finetune_rank: int | None = None
     finetune_epochs: int | None = None
     finetune_learning_rate: float | None = None
@@ -107,8 +110,8 @@ class OptimizerConfig:
 
     def finetune_settings(self) -> dict[str, Any]:
         """The finetune settings: the mix and the limit always, the LoRA settings where they are set."""
-        lora = {k: getattr(self, k) for k in ("finetune_rank", "finetune_epochs", "finetune_learning_rate")
-                if getattr(self, k) is not None}
+        lora = {k: getattr(self, k) for k in ("finetune_floors", "finetune_rank", "finetune_epochs",
+                                              "finetune_learning_rate") if getattr(self, k) is not None}
         return {"finetune_mix": self.finetune_mix, "finetune_limit": self.finetune_limit, **lora}
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,6 +131,14 @@ def _check_finetune(cfg: OptimizerConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"optimizer setting {name} must be a whole number >= 1, got {value!r:.40}")
+    floors = cfg.finetune_floors
+    if floors is not None:
+        numbers = [x for x in (floors if isinstance(floors, (list, tuple)) else ())
+                   if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if len(numbers) != 2 or len(floors) != 2 or not 0 <= numbers[0] <= 1 or not 0 <= numbers[1] <= 2:
+            raise ConfigError("optimizer setting finetune_floors must be two numbers, relevance in [0, 1] and "
+                              f"empathy in [0, 2], got {floors!r:.60}")
+        object.__setattr__(cfg, "finetune_floors", (float(numbers[0]), float(numbers[1])))  # a TOML list too
     rate = cfg.finetune_learning_rate
     if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1):
         raise ConfigError(f"optimizer setting finetune_learning_rate must be a number in (0, 1], got {rate!r:.40}")

@@ -144,3 +144,28 @@ def test_the_program_mix_learns_from_the_replies_the_metric_passes(tiny_compile,
     # each kept reply comes with the inputs the reply stage had: the dialogue, the emotion and the plan
     assert all(set(inputs) == {"dialogue", "emotion", "strategy", "secondary_strategy"} and reply
                for inputs, reply in kept)
+
+
+def test_the_floors_flag_leaves_out_the_replies_below_it_and_the_record_counts_them(tiny_compile, tmp_path,
+                                                                                   monkeypatch, capsys):
+    class _Half:  # the relevance head finds every other reply off-topic
+        def score_batch(self, speakers, lasts, replies):
+            return [0.9 if i % 2 else 0.1 for i in range(len(replies))]
+
+    monkeypatch.setattr(finetune_fit, "_relevance", lambda floors: _Half() if floors.relevance > 0 else None)
+    assert main([*ARGS, "--no-mlflow", "--finetune-floors", "0.5,0.2"]) == 0
+    manifest = json.loads((tmp_path / "artifacts/trace-dspy/v0001/manifest.json").read_text())
+    record = manifest["writer_adapter"]
+    assert record["examples"] == {"human": 2} and record["pool"]["below_floors"] == 2
+    assert record["floors"] == {"relevance": 0.5, "empathy": 0.2}
+    assert manifest["optimizer"]["finetune_floors"] == [0.5, 0.2]
+    assert "2 below the floors (relevance 0.5, empathy 0.2) left out" in capsys.readouterr().err
+    assert main([*ARGS, "--no-mlflow", "--finetune-floors", "0,0"]) == 0  # 0,0 keeps every reply
+    again = json.loads((tmp_path / "artifacts/trace-dspy/v0002/manifest.json").read_text())["writer_adapter"]
+    assert again["examples"] == {"human": 4} and again["pool"]["below_floors"] == 0
+    with pytest.raises(SystemExit) as stopped:  # argparse: not two numbers
+        main([*ARGS, "--no-mlflow", "--finetune-floors", "0.5"])
+    assert stopped.value.code == 2 and "expected two numbers as RELEVANCE,EMPATHY" in capsys.readouterr().err
+    assert main([*ARGS, "--no-mlflow", "--finetune-floors", "2,0.3"]) == 2  # the config's range
+    assert "finetune_floors must be two numbers, relevance in [0, 1]" in capsys.readouterr().err
+    assert not (tmp_path / "artifacts/trace-dspy/v0003").exists()

@@ -32,6 +32,16 @@ from trace_dspy.workflows.evaluation import FailureRateExceeded
 from trace_dspy.workflows.preflight import PreflightError, check_output_folder, check_run_settings
 
 
+def floors_arg(text: str) -> tuple[float, float]:
+    """``--finetune-floors RELEVANCE,EMPATHY`` as two numbers (their ranges are the optimizer config's check)."""
+    try:
+        relevance, empathy = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers as RELEVANCE,EMPATHY (e.g. 0.6,0.35), "
+                                         f"not {text!r:.40}") from None
+    return relevance, empathy
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = command_parser("compile", __doc__, prog)
     opt = parser.add_argument_group("optimizer")
@@ -62,6 +72,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                           "(default), the program's replies the metric passes, or both")
     opt.add_argument("--finetune-limit", type=int,
                      help="finetune: pool conversations drawn for training (default: all of the training side)")
+    opt.add_argument("--finetune-floors", type=floors_arg, metavar="RELEVANCE,EMPATHY",
+                     help="finetune: the least relevance (0-1) and mean EPITOME level (0-2) a human reply needs to "
+                          "be learned from (default 0.6,0.35; 0,0 keeps every reply)")
     opt.add_argument("--finetune-rank", type=int, help="finetune: LoRA rank (default 16)")
     opt.add_argument("--finetune-epochs", type=int, help="finetune: passes over the training examples (default 1)")
     opt.add_argument("--finetune-lr", type=float, dest="finetune_learning_rate",
@@ -90,7 +103,7 @@ def config_from_args(argv: list[str], prog: str | None = None) -> CompileConfig:
         "max_bootstrapped_demos", "max_labeled_demos", "max_rounds", "select_candidates", "select_margin",
         "mipro_candidates", "mipro_trials", "gepa_max_metric_calls", "gepa_minibatch", "simba_steps",
         "simba_candidates", "simba_bsize", "opener_items", "plan_items", "finetune_mix", "finetune_limit",
-        "finetune_rank", "finetune_epochs", "finetune_learning_rate")}
+        "finetune_floors", "finetune_rank", "finetune_epochs", "finetune_learning_rate")}
     optimizer = settings.optimizer(**flags, name=args.optimizer or None,
                                    seed=(settings.raw.get("optimizer") or {}).get("seed", args.seed))
     default = {f.name: f.default for f in dataclasses.fields(CompileConfig)}

@@ -26,8 +26,8 @@ from typing import Any
 
 import dspy
 
-from trace_dspy.compact.finetune import (FinetuneConfig, HumanExamples, human_examples, program_examples,
-                                        train_writer, tuned_config)
+from trace_dspy.compact.finetune import (FinetuneConfig, HumanExamples, ReplyFloors, human_examples,
+                                        program_examples, train_writer, tuned_config)
 from trace_dspy.core.config import ConfigError
 from trace_dspy.core.console import progress as progress_bar
 from trace_dspy.lm.local_settings import is_local_model, parse_local_model
@@ -45,7 +45,7 @@ class FinetuneFit:
 
 
 def finetune_config(opt) -> FinetuneConfig:
-    """The FinetuneConfig of an ``OptimizerConfig``: its mix, limit and seed, and the LoRA rank, epochs and
+    """The FinetuneConfig of an ``OptimizerConfig``: its mix, limit, floors and seed, and the LoRA rank, epochs and
     learning rate where set (a rank set alone keeps the default alpha/rank scale)."""
     lora = dict(FinetuneConfig().lora)
     if opt.finetune_rank is not None:
@@ -55,7 +55,8 @@ def finetune_config(opt) -> FinetuneConfig:
         lora["epochs"] = opt.finetune_epochs
     if opt.finetune_learning_rate is not None:
         lora["learning_rate"] = float(opt.finetune_learning_rate)
-    return FinetuneConfig(mix=opt.finetune_mix, limit=opt.finetune_limit, seed=opt.seed, lora=lora)
+    floors = ReplyFloors(*opt.finetune_floors) if opt.finetune_floors is not None else ReplyFloors()
+    return FinetuneConfig(mix=opt.finetune_mix, limit=opt.finetune_limit, seed=opt.seed, floors=floors, lora=lora)
 
 
 def base_model(program) -> str:

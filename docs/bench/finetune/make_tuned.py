@@ -1,12 +1,13 @@
 """Write trace-dspy@v6 with a fine-tuned writer as an artifact of its own, for ``evaluate`` and ``respond``.
 
-    python docs/bench/finetune/make_tuned.py ADAPTER.gguf TRAINING.json ROOT [plain|race]
+    python docs/bench/finetune/make_tuned.py ADAPTER.gguf TRAINING.json ROOT [plain|bestof|race]
 
 The new version (``trace-dspy-tuned@vN`` under ROOT) keeps v6's instructions, demos, exemplar index and emotion
 prior; its config is the fine-tuned writer's (``trace_dspy.compact.finetune.TUNED_PROGRAM``), its reply stage
 runs on the embedded model with the adapter (the ``writer_adapter`` part, whose record takes the training
 record's counts and settings). ``plain``: one reply for the planner's plan (v6's plan race and Best-of-N off);
-``race``: v6's plans and Best-of-N kept around the tuned writer.
+``bestof``: v6's Best-of-N for the planner's plan, no plan race; ``race``: v6's plans and Best-of-N kept around
+the tuned writer.
 """
 
 import dataclasses
@@ -24,8 +25,11 @@ def main(adapter: str, training: str, root: str, variant: str = "plain") -> None
     program = trace_dspy.load("trace-dspy@v6", attach_lms=False)
     config = tuned_config(program.config)
     plans = {}
+    if variant not in ("plain", "bestof", "race"):
+        raise SystemExit(f"variant must be plain, bestof or race, not {variant!r}")
     if variant == "plain":
         config = dataclasses.replace(config, best_of=1)
+    if variant in ("plain", "bestof"):
         plans = {"reply_plans": (), "first_plan": None}
     program.config = config
     with open(training) as fh:  # file-audit: a measurement script's input
@@ -34,6 +38,7 @@ def main(adapter: str, training: str, root: str, variant: str = "plain") -> None
     program = program.with_parts(writer_adapter=part, **plans)
     v6 = read_manifest(artifacts.version_dir(None, "trace-dspy", 6))
     adapter_record = {"base_model": "SmolLM2-135M-Instruct.Q4_1.gguf", "examples": record["data"]["examples"],
+                      **({"floors": record["data"]["floors"]} if "floors" in record["data"] else {}),
                       "seed": record["settings"]["seed"], "lora": record["settings"], "steps": record["steps"],
                       "tokens": record["tokens"], "seconds": record["training_seconds"],
                       "final_loss": record["losses"][-1]}
