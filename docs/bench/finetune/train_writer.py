@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     result = writer.result
     with open(writer.adapter, "rb") as fh:  # file-audit: a measurement script's own output
         digest = hashlib.sha256(fh.read()).hexdigest()
-    out = {"command": "python docs/bench/finetune/train_writer.py " + " ".join(sys.argv[1:]),
+    out = {"command": "python docs/bench/finetune/train_writer.py " + " ".join(argv),
            "data": {"pool_conversations": replies.counts.conversations, "kept": replies.counts.kept,
                     "sampled": replies.counts.sampled, "short_reply": replies.counts.short_reply,
                     "floors": asdict(floors), "below_floors": human.below_floors, "examples": writer.counts},
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
            "truncated": result.truncated, "losses": [round(x, 4) for x in result.losses],
            "wall_seconds_this_run": round(time.time() - started, 1),
            "adapter": {"file": writer.adapter.name, "bytes": writer.adapter.stat().st_size, "sha256": digest}}
-    with open(record, "w") as fh:  # file-audit: a measurement script's own output
+    with open(args.record, "w") as fh:  # file-audit: a measurement script's own output
         json.dump(out, fh, indent=1)
     print(json.dumps({k: v for k, v in out.items() if k != "losses"}, indent=1))
 
