@@ -126,6 +126,30 @@ def test_a_cancelled_job_stops_after_its_step_keeps_it_and_the_same_run_resumes_
         assert abs(got_a - a).max() < 1e-6 and abs(got_b - b).max() < 1e-6
 
 
+def test_ctrl_c_in_the_main_thread_finishes_the_step_saves_it_and_says_where_it_resumes(tiny_base, tmp_path):
+    import os
+    import signal
+
+    from trace_dspy.lm.finetune.provider import TrainingInterrupted
+
+    # Python's own Ctrl-C handler, as a terminal starts it (the suite may run with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    kwargs = {**SMALL, "output_dir": str(tmp_path / "out")}
+
+    def on_step(p):
+        if p.step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    try:
+        with pytest.raises(TrainingInterrupted, match=r"stopped at step 1 of 4; its checkpoint in .*out.* resumes"):
+            finetune_local(f"local:{tiny_base}", EXAMPLES, {**kwargs, "progress": on_step})
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    resumed = finetune_local(f"local:{tiny_base}", EXAMPLES, kwargs)
+    assert resumed.result.resumed_from == 1 and resumed.result.steps == 4
+
+
 def test_requests_the_provider_cannot_serve_are_refused_by_name(tiny_base, tmp_path):
     lm = build_lm(LMSpec(model=f"local:{tiny_base}"))
     job = lm.finetune(EXAMPLES, TrainDataFormat.CHAT, {"lr": 0.1, "output_dir": str(tmp_path)})

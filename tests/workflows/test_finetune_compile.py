@@ -169,3 +169,33 @@ def test_the_floors_flag_leaves_out_the_replies_below_it_and_the_record_counts_t
     assert main([*ARGS, "--no-mlflow", "--finetune-floors", "2,0.3"]) == 2  # the config's range
     assert "finetune_floors must be two numbers, relevance in [0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "artifacts/trace-dspy/v0003").exists()
+
+
+def test_ctrl_c_during_training_says_the_step_it_stopped_at_and_the_next_compile_resumes_there(
+        tiny_compile, tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    from trace_dspy.workflows.finetuning import TrainingBar
+
+    real = TrainingBar.__call__
+
+    def interrupting(self, step):
+        real(self, step)
+        if step.step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal starts Python
+    monkeypatch.setattr(TrainingBar, "__call__", interrupting)
+    try:
+        assert main([*ARGS, "--no-mlflow"]) == 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    err = capsys.readouterr().err
+    assert "interrupted: training stopped at step 1 of 2; its checkpoint in " in err
+    assert "no artifact version was written" in err and not (tmp_path / "artifacts/trace-dspy").exists()
+    monkeypatch.setattr(TrainingBar, "__call__", real)
+    assert main([*ARGS, "--no-mlflow"]) == 0
+    record = json.loads((tmp_path / "artifacts/trace-dspy/v0001/manifest.json").read_text())["writer_adapter"]
+    assert record["resumed_from"] == 1 and record["steps"] == 2
+    assert "finetune: resumed at step 1 of 2 from the checkpoint" in capsys.readouterr().err

@@ -162,8 +162,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return fail(f"{exc.reason} No artifact version was written.", code=1)
     except CompileFailed as exc:
         return fail(f"{exc} No artifact version was written.", code=1)
-    except KeyboardInterrupt:
-        say("\ninterrupted: no artifact version was written (versions appear only when complete)")
+    except KeyboardInterrupt as exc:  # a fine-tune says at which step it stopped and where it resumes
+        said = f"{exc}; " if str(exc) else ""
+        say(f"\ninterrupted: {said}no artifact version was written (versions appear only when complete)")
         return 130
     out(result.table())
     if result.after.get("collapsed"):

@@ -20,13 +20,20 @@ the ``finetune`` folder of the package's cache), ``progress`` (a callable given 
 :class:`~trace_dspy.lm.finetune.lora.TrainingProgress`) and ``float16`` (a half-size adapter file). The adapter's
 file name is a digest of the data, the settings and the base model, so a request repeated as it was finds
 its own checkpoint and files.
+
+A run in the main thread (``compile --optimizer finetune``) takes the first Ctrl-C as "stop after this step":
+the step is finished and saved, and :class:`TrainingInterrupted` (a KeyboardInterrupt) says where the run
+resumes; a second Ctrl-C stops at once. A job started by ``lm.finetune`` stops the same way on ``job.cancel()``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +59,32 @@ class FinetuneOutcome:
     model: str
     adapter: Path
     result: Any  # lora.LoraResult
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a training run after a step that was saved; the message says which and where it resumes."""
+
+
+@contextmanager
+def ctrl_c_stops() -> Iterator[threading.Event]:
+    """While training in the main thread with Python's Ctrl-C handler in place: the first Ctrl-C sets the
+    event (the run stops after its step) and puts the handler back, so a second one interrupts at once.
+    Elsewhere (another thread, SIGINT ignored or handled by someone else) the event is never set."""
+    asked = threading.Event()
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield asked
+        return
+
+    def first(signum, frame) -> None:
+        asked.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield asked
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class LocalTrainingJob(TrainingJob):
@@ -161,9 +194,16 @@ def finetune_local(model: str, train_data: list[dict[str, Any]], train_kwargs: d
         if getattr(config, "model_type", None) != "llama":
             raise FinetuneError(f"{path}: LoRA adapters for llama.cpp are written for Llama-architecture models; "
                                 f"this one is {getattr(config, 'model_type', '?')}")
-        result = lora.train_lora(base_model, tokenizer, train_data, settings, checkpoint_dir=folder / f"{name}.ckpt",
-                                 progress=progress, base=identity,
-                                 stop=job.stop_asked.is_set if job is not None else None)
+        with ctrl_c_stops() as ctrl_c:
+            try:
+                result = lora.train_lora(
+                    base_model, tokenizer, train_data, settings, checkpoint_dir=folder / f"{name}.ckpt",
+                    progress=progress, base=identity,
+                    stop=lambda: ctrl_c.is_set() or (job is not None and job.stop_asked.is_set()))
+            except TrainingStopped as stopped:
+                if ctrl_c.is_set():
+                    raise TrainingInterrupted(str(stopped)) from None
+                raise
     adapter = write_lora_gguf(folder / f"{name}.gguf", result.weights, alpha=settings.alpha,
                               n_head=config.num_attention_heads, n_kv_head=config.num_key_value_heads,
                               float16=bool(run.get("float16")))
