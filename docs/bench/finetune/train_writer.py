@@ -5,8 +5,13 @@
     TRACE_DSPY_CACHE=... python docs/bench/finetune/train_writer.py ../shared/data/empathetic_dialogues all \
         docs/bench/finetune2/training.json --epochs 2
 
+    TRACE_DSPY_CACHE=... python docs/bench/finetune/train_writer.py ../shared/data/empathetic_dialogues all \
+        docs/bench/finetune3/training.json --epochs 2 --asks
+
 LIMIT is a number of pool conversations or ``all``; ``--floors RELEVANCE,EMPATHY`` sets the human replies
-learned from (``ReplyFloors``; the default is FinetuneConfig's, ``0,0`` keeps every reply); ``--epochs N``.
+learned from (``ReplyFloors``; the default is FinetuneConfig's, ``0,0`` keeps every reply); ``--epochs N``;
+``--asks`` (an experiment of this script, not a compile setting) keeps only replies of five words or more that
+end in a question, a reaction then a question, the shape the plan in the briefed layout asks for.
 
 The examples are those ``compile --optimizer finetune`` builds (``trace_dspy.compact.finetune``); the provider
 keeps the adapter and its checkpoint under ``$TRACE_DSPY_CACHE/finetune``, so a second run with the same data and
@@ -36,6 +41,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("record")
     parser.add_argument("--floors", default=None)
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--asks", action="store_true")
     args = parser.parse_args(argv)
     base = FinetuneConfig()
     floors = ReplyFloors(*map(float, args.floors.split(","))) if args.floors else base.floors
@@ -44,7 +50,10 @@ def main(argv: list[str]) -> None:
     replies = listener_replies(args.data, limit=cfg.limit, seed=cfg.seed)
     signature = stage_signature("generate_response", tuned_config(ProgramConfig()))
     relevance = shared_relevance() if floors.relevance > 0 else None
-    human = human_examples(replies.items, shared_scorer(), signature, relevance=relevance, floors=floors)
+    items = replies.items
+    if args.asks:
+        items = [r for r in items if r.reply.rstrip().endswith("?") and len(r.reply.split()) >= 5]
+    human = human_examples(items, shared_scorer(), signature, relevance=relevance, floors=floors)
     examples = human.examples
     started = time.time()
 
@@ -59,7 +68,9 @@ def main(argv: list[str]) -> None:
     out = {"command": "python docs/bench/finetune/train_writer.py " + " ".join(argv),
            "data": {"pool_conversations": replies.counts.conversations, "kept": replies.counts.kept,
                     "sampled": replies.counts.sampled, "short_reply": replies.counts.short_reply,
-                    "floors": asdict(floors), "below_floors": human.below_floors, "examples": writer.counts},
+                    "floors": asdict(floors), "below_floors": human.below_floors,
+                    **({"asks_only": True, "not_asking": len(replies.items) - len(items)} if args.asks else {}),
+                    "examples": writer.counts},
            "settings": {**cfg.train_kwargs(), "target_modules": list(cfg.lora["target_modules"])},
            "steps": result.steps, "tokens": result.tokens, "training_seconds": round(result.seconds, 1),
            "tokens_per_second": round(result.tokens_per_second, 1), "resumed_from": result.resumed_from,
