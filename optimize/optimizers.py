@@ -32,6 +32,33 @@ DEFAULT_OPTIMIZER = "select"
 
 
 @dataclass(frozen=True)
+class ReplyFloors:
+    """What a human reply must reach to be learned from, read by the metric's own models: ``relevance``, the
+    relevance head's P(fits) for that speaker; ``empathy``, the mean of the EPITOME scorer's three expected
+    levels (0 to 2). ED's listeners also wrote replies that fit nobody ("They do love to surprise ya, do not
+    they?" to a spider in the bathtub) or show no care ("That will be no fun."); this is the metric's pass,
+    as BootstrapFinetune keeps only the traces its metric passes. 0 and 0 keep every reply."""
+
+    relevance: float = 0.6
+    empathy: float = 0.35
+
+    @staticmethod
+    def in_range(relevance: float, empathy: float) -> bool:
+        """Relevance is a probability (0 to 1), empathy a mean EPITOME level (0 to 2)."""
+        return 0.0 <= relevance <= 1.0 and 0.0 <= empathy <= 2.0
+
+    def __post_init__(self) -> None:
+        if not self.in_range(self.relevance, self.empathy):
+            raise ConfigError(f"reply floors out of range: relevance {self.relevance} (0 to 1), "
+                              f"empathy {self.empathy} (0 to 2)")
+
+    def passes(self, relevance: float | None, levels: dict[str, float]) -> bool:
+        """Whether a reply with this relevance (None: not read) and these EPITOME levels is learned from."""
+        empathy = (levels["ER"] + levels["IP"] + levels["EX"]) / 3
+        return empathy >= self.empathy and (relevance is None or relevance >= self.relevance)
+
+
+@dataclass(frozen=True)
 class OptimizerConfig:
     name: str = DEFAULT_OPTIMIZER
     # labeled, bootstrap, mipro: demos per predictor
@@ -69,7 +96,7 @@ class OptimizerConfig:
     # finetune (compile --optimizer finetune: a LoRA adapter for the embedded model's reply stage, see
     # trace_dspy.workflows.finetuning): the training data (FINETUNE_MIXES), the pool conversations drawn for it
     # (None: all), the floors a human reply must reach to be learned from (relevance, mean EPITOME level; None:
-    # ReplyFloors' defaults, 0.6 and 0.35), and the LoRA rank, epochs and learning rate (None:
+    # ReplyFloors' defaults, 0.6 and 0.35, above), and the LoRA rank, epochs and learning rate (None:
     # trace_dspy.compact.finetune's defaults).
     finetune_mix: str = "human"
     finetune_limit: int | None = None
@@ -135,7 +162,7 @@ def _check_finetune(cfg: OptimizerConfig) -> None:
     if floors is not None:
         numbers = [x for x in (floors if isinstance(floors, (list, tuple)) else ())
                    if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        if len(numbers) != 2 or len(floors) != 2 or not 0 <= numbers[0] <= 1 or not 0 <= numbers[1] <= 2:
+        if len(numbers) != 2 or len(floors) != 2 or not ReplyFloors.in_range(*numbers):
             raise ConfigError("optimizer setting finetune_floors must be two numbers, relevance in [0, 1] and "
                               f"empathy in [0, 2], got {floors!r:.60}")
         object.__setattr__(cfg, "finetune_floors", (float(numbers[0]), float(numbers[1])))  # a TOML list too

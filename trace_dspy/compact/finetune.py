@@ -24,28 +24,7 @@ from typing import Any
 from trace_dspy.compact.reply_adapter import ChatReplyAdapter
 from trace_dspy.core.config import ConfigError, ProgramConfig
 from trace_dspy.optimize.optimizers import FINETUNE_MIXES as MIXES
-
-
-@dataclass(frozen=True)
-class ReplyFloors:
-    """What a human reply must reach to be learned from, read by the metric's own models: ``relevance``, the
-    relevance head's P(fits) for that speaker; ``empathy``, the mean of the EPITOME scorer's three expected
-    levels (0 to 2). ED's listeners also wrote replies that fit nobody ("They do love to surprise ya, do not
-    they?" to a spider in the bathtub) or show no care ("That will be no fun."); this is the metric's pass,
-    as BootstrapFinetune keeps only the traces its metric passes. 0 and 0 keep every reply."""
-
-    relevance: float = 0.6
-    empathy: float = 0.35
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.relevance <= 1.0 or not 0.0 <= self.empathy <= 2.0:
-            raise ConfigError(f"reply floors out of range: relevance {self.relevance} (0 to 1), "
-                              f"empathy {self.empathy} (0 to 2)")
-
-    def passes(self, relevance: float | None, levels: dict[str, float]) -> bool:
-        """Whether a reply with this relevance (None: not read) and these EPITOME levels is learned from."""
-        empathy = (levels["ER"] + levels["IP"] + levels["EX"]) / 3
-        return empathy >= self.empathy and (relevance is None or relevance >= self.relevance)
+from trace_dspy.optimize.optimizers import ReplyFloors  # the floors' one home, beside the optimizer's setting
 
 
 @dataclass(frozen=True)
