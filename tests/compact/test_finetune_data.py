@@ -68,3 +68,22 @@ def test_the_default_config_reads_with_floors_and_refuses_floors_out_of_range():
         ReplyFloors(relevance=1.5)
     with pytest.raises(ConfigError, match="empathy -0.1"):
         ReplyFloors(empathy=-0.1)
+
+
+def test_the_program_mix_answers_each_conversations_first_turn_as_the_human_mix_reads_it():
+    from trace_dspy.compact.finetune_fit import first_turns
+    from trace_dspy.data.samples import Sample
+
+    def sample(conv: str, turns: tuple[str, ...]) -> Sample:
+        return Sample(f"{conv}:{len(turns)}", conv, turns, "sad", f"reply to {turns[-1]}")
+
+    opening = ("My dog died last night.",)
+    # ED's pool holds every prefix of a conversation (the longest first here); a JSONL pool may hold it whole
+    pool = [sample("c1", opening + ("So sorry. How old was he?", "Twelve. He was my best friend.")),
+            sample("c1", opening), sample("c2", ("I passed my driving test!", "Congrats! First try?", "Yes!"))]
+    turns = first_turns(pool, None, 0)
+    assert [e.dialogue for e in turns] == ["Speaker: My dog died last night.", "Speaker: I passed my driving test!"]
+    assert [e.response for e in turns] == ["reply to My dog died last night.", "Congrats! First try?"]
+    assert set(turns[0].inputs().keys()) == {"dialogue"} and turns[1].conversation_id == "c2"
+    drawn = first_turns(pool, 1, 0)
+    assert len(drawn) == 1 and drawn == first_turns(pool, 1, 0)  # the draw is seeded

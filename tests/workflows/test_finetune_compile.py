@@ -131,6 +131,8 @@ def test_the_program_mix_learns_from_the_replies_the_metric_passes(tiny_compile,
     def traces(program, examples, metric, log):
         kept = real(program, examples, metric, log)
         seen.append((len(examples), kept))
+        # the program answers each conversation's opening message, as the human mix learns it
+        assert all("Listener:" not in e.dialogue for e in examples)
         return kept
 
     monkeypatch.setattr(fit_module, "program_traces", traces)

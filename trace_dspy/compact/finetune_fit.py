@@ -7,9 +7,9 @@ The compile workflow reaches this module through ``trace_dspy.program.writers.fi
    ``local`` or ``local:/path/model.gguf``);
 2. the training examples of the mix (``trace_dspy.compact.finetune``): ``human``, the first listener reply of
    each pool conversation on the training side of the compile's split (never dev), planned by the EPITOME
-   scorer; ``program``, the replies the uncompiled program writes for those conversations' first turns that
-   the metric passes, with the emotion and plan its earlier stages gave; at most ``finetune_limit``
-   conversations each, drawn with the seed;
+   scorer; ``program``, the replies the uncompiled program writes for those conversations' first turns (the
+   speaker's opening message alone, as the human mix sees it) that the metric passes, with the emotion and
+   plan its earlier stages gave; at most ``finetune_limit`` conversations each, drawn with the seed;
 3. the adapter is trained by the embedded model's provider, whose checkpoints (under
    ``$TRACE_DSPY_CACHE/finetune``) let a compile that was stopped resume, and a finished one be reused;
 4. the result is the program as a fine-tuned writer runs it (``tuned_config``) with the ``writer_adapter``
@@ -89,17 +89,21 @@ def _relevance(floors):
     return shared_relevance()  # the 'embed' extra is there: _scorer() was asked first
 
 
-def first_turns(trainset: Sequence[dspy.Example], limit: int | None, seed: int) -> list[dspy.Example]:
-    """Each conversation's first example (its shortest dialogue), ``limit`` of them drawn with ``seed``."""
-    first: dict[str, dspy.Example] = {}
-    for example in trainset:
-        key = str(example.get("conversation_id") or example.get("sample_id"))
-        if key not in first or len(example.dialogue) < len(first[key].dialogue):
-            first[key] = example
-    chosen = list(first.values())
+def first_turns(samples: Sequence[Any], limit: int | None, seed: int) -> list[dspy.Example]:
+    """Each conversation's first exchange as an example: its speaker's first turn, with the listener's first
+    reply as the gold, from the pool ``samples`` (``Sample``; a conversation may be held whole or as every
+    prefix); ``limit`` of them drawn with ``seed``. The exchanges the human mix learns from, so that both
+    sources teach the stage the same input."""
+    first: dict[str, Any] = {}
+    for sample in samples:
+        key = str(sample.conversation_id)
+        if key not in first or len(sample.turns) < len(first[key].turns):
+            first[key] = sample
+    chosen = [first[key] for key in sorted(first)]
     if limit is not None and limit < len(chosen):
         chosen = [chosen[i] for i in sorted(random.Random(seed).sample(range(len(chosen)), limit))]
-    return chosen
+    return [replace(s, turns=s.turns[:1], response=s.turns[1] if len(s.turns) > 1 else s.response).to_example()
+            for s in chosen]
 
 
 def program_traces(program, examples: Sequence[dspy.Example], metric, log: Log) -> list[tuple[dict, str]]:
@@ -122,7 +126,7 @@ def program_traces(program, examples: Sequence[dspy.Example], metric, log: Log) 
     return kept
 
 
-def training_data(cfg: FinetuneConfig, program, signature, source, trainset: Sequence[dspy.Example], metric,
+def training_data(cfg: FinetuneConfig, program, signature, source, metric,
                   log: Log) -> tuple[dict[str, list], dict[str, Any]]:
     """The training examples of each source of the mix, and what the record says of the data."""
     from trace_dspy.data.listener_replies import listener_replies
@@ -142,7 +146,7 @@ def training_data(cfg: FinetuneConfig, program, signature, source, trainset: Seq
             f"{human.below_floors} below the floors (relevance {cfg.floors.relevance}, empathy "
             f"{cfg.floors.empathy}) left out")
     if "program" in sources:
-        turns = first_turns(trainset, cfg.limit, cfg.seed)
+        turns = first_turns(source.pool, cfg.limit, cfg.seed)
         traces = program_traces(program, turns, metric, log)
         examples["program"] = program_examples(traces, signature)
         facts["program_replies"] = {"dialogues": len(turns), "passed": len(traces)}
@@ -162,18 +166,19 @@ def _record(cfg: FinetuneConfig, model: str, trained, facts: dict[str, Any]) -> 
             "resumed_from": result.resumed_from, "truncated": result.truncated}
 
 
-def fit_writer(opt, program, source, trainset: Sequence[dspy.Example], metric, log: Log,
+def fit_writer(opt, program, source, metric, log: Log,
                progress: Callable[[Any], None] | None = None) -> FinetuneFit:
     """Train the writer (see the module docstring): the tuned program, the record and the loss curve.
 
-    ``source``: the data source whose pool gives the human replies (the compile passes its training side);
-    ``trainset``: the training side's examples, whose first turns the program answers for the program mix."""
+    ``source``: the data source whose pool gives the conversations trained on (the compile passes its training
+    side): their first listener replies for the human mix, their first turns for the program to answer for the
+    program mix."""
     from trace_dspy.core import env
 
     cfg = finetune_config(opt)
     model = base_model(program)
     tuned = type(program)(tuned_config(program.config), stage_lms=program.stage_lms, parts=program.parts)
-    examples, facts = training_data(cfg, program, tuned.generate_response.signature, source, trainset, metric, log)
+    examples, facts = training_data(cfg, program, tuned.generate_response.signature, source, metric, log)
     counts = ", ".join(f"{len(v)} {k}" for k, v in sorted(examples.items()))
     log(f"finetune: training the reply stage's LoRA adapter on {counts} examples from {model}; checkpoints in "
         f"{env.cache_dir('finetune')} (a compile stopped and run again resumes there)")

@@ -71,12 +71,13 @@ def part_fitter(cfg, metric):
 def finetune_writer(opt, program, source, trainset, metric, log, progress=None):
     """``compile --optimizer finetune``: train the compact writer's reply stage into a LoRA adapter for the
     embedded model (``trace_dspy.compact.finetune_fit``). ``opt``: the OptimizerConfig; ``source``: the data
-    source whose pool gives the human listener replies; ``trainset``: the training side's examples. Returns
+    source whose pool gives the conversations; ``trainset``: the training side's examples (only their
+    conversations are trained on, never dev's). Returns
     a ``FinetuneFit``: the program as a fine-tuned writer runs it (with its ``writer_adapter`` part), the
     manifest record of the training and the loss curve."""
     from trace_dspy.compact.finetune_fit import fit_writer, training_side
 
-    return fit_writer(opt, program, training_side(source, trainset), trainset, metric, log, progress)
+    return fit_writer(opt, program, training_side(source, trainset), metric, log, progress)
 
 
 def compact_guards():
