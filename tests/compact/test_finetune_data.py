@@ -77,13 +77,13 @@ def test_the_program_mix_answers_each_conversations_first_turn_as_the_human_mix_
     def sample(conv: str, turns: tuple[str, ...]) -> Sample:
         return Sample(f"{conv}:{len(turns)}", conv, turns, "sad", f"reply to {turns[-1]}")
 
-    opening = ("My dog died last night.",)
+    opening = ("my dog died last night .",)  # ED's text, lower-cased with spaced punctuation
     # ED's pool holds every prefix of a conversation (the longest first here); a JSONL pool may hold it whole
     pool = [sample("c1", opening + ("So sorry. How old was he?", "Twelve. He was my best friend.")),
             sample("c1", opening), sample("c2", ("I passed my driving test!", "Congrats! First try?", "Yes!"))]
     turns = first_turns(pool, None, 0)
     assert [e.dialogue for e in turns] == ["Speaker: My dog died last night.", "Speaker: I passed my driving test!"]
-    assert [e.response for e in turns] == ["reply to My dog died last night.", "Congrats! First try?"]
+    assert [e.response for e in turns] == ["Reply to my dog died last night.", "Congrats! First try?"]
     assert set(turns[0].inputs().keys()) == {"dialogue"} and turns[1].conversation_id == "c2"
     drawn = first_turns(pool, 1, 0)
     assert len(drawn) == 1 and drawn == first_turns(pool, 1, 0)  # the draw is seeded

@@ -92,8 +92,10 @@ def _relevance(floors):
 def first_turns(samples: Sequence[Any], limit: int | None, seed: int) -> list[dspy.Example]:
     """Each conversation's first exchange as an example: its speaker's first turn, with the listener's first
     reply as the gold, from the pool ``samples`` (``Sample``; a conversation may be held whole or as every
-    prefix); ``limit`` of them drawn with ``seed``. The exchanges the human mix learns from, so that both
-    sources teach the stage the same input."""
+    prefix); ``limit`` of them drawn with ``seed``. The exchanges the human mix learns from, cleaned as it
+    cleans them (ED's lower-cased, spaced text put back together), so that both sources teach the same input."""
+    from trace_dspy.data.listener_replies import clean_text
+
     first: dict[str, Any] = {}
     for sample in samples:
         key = str(sample.conversation_id)
@@ -102,7 +104,8 @@ def first_turns(samples: Sequence[Any], limit: int | None, seed: int) -> list[ds
     chosen = [first[key] for key in sorted(first)]
     if limit is not None and limit < len(chosen):
         chosen = [chosen[i] for i in sorted(random.Random(seed).sample(range(len(chosen)), limit))]
-    return [replace(s, turns=s.turns[:1], response=s.turns[1] if len(s.turns) > 1 else s.response).to_example()
+    return [replace(s, turns=(clean_text(s.turns[0]),),
+                    response=clean_text(s.turns[1] if len(s.turns) > 1 else s.response)).to_example()
             for s in chosen]
 
 
