@@ -75,6 +75,34 @@ def test_the_program_answers_through_the_chat_layout():
     assert last["kwargs"]["stop"] == ["\n"] and last["kwargs"]["max_tokens"] <= 80
 
 
+@pytest.mark.parametrize("layout", ["chat", "briefed"])
+def test_reply_second_question_keeps_the_reaction_and_drops_a_second_statement(layout):
+    said = "Listener: That is great! I hope you passed as well!"
+    replies = {}
+    for second in ("any", "question"):
+        lm, _ = fake_lm(response=said)
+        program = TraceProgram(ProgramConfig(reply_format=layout, best_of=1, reply_second=second))
+        with dspy.context(lm=lm):
+            replies[second] = program(dialogue=DIALOGUE).response
+    assert replies == {"any": "That is great! I hope you passed as well!", "question": "That is great!"}
+
+
+def test_reply_second_is_validated_recorded_and_absent_from_old_artifacts(tmp_path):
+    import trace_dspy
+    from trace_dspy.lm.specs import LMConfig
+    from trace_dspy.store.artifacts import save_artifact
+
+    assert ProgramConfig().reply_second == "any"
+    config = ProgramConfig(reply_second="question")
+    assert ProgramConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="reply_second must be one of any, question"):
+        ProgramConfig(reply_second="never")
+    old = {"config": {"program": {k: v for k, v in ProgramConfig().to_dict().items() if k != "reply_second"},
+                      "lm": LMConfig().to_dict()}}
+    folder = save_artifact(TraceProgram(ProgramConfig(prior_k=0)), old, root=tmp_path)
+    assert trace_dspy.load(str(folder), attach_lms=False).config.reply_second == "any"
+
+
 def test_an_empty_reply_is_a_parse_error_not_a_blank_answer():
     lm, _ = fake_lm(response="Listener:   ")
     program = TraceProgram(ProgramConfig(reply_format="chat"))

@@ -50,6 +50,18 @@ def test_clean_reply(raw, clean):
     assert clean_reply(raw) == clean
 
 
+@pytest.mark.parametrize(("raw", "clean"), [
+    ("That is terrible. I hope you will get them.", "That is terrible."),  # a statement after: it goes
+    ("That is awesome! What kind of update is it?", "That is awesome! What kind of update is it?"),
+    ("What happened? I hope you are okay.", "What happened?"),
+    ("Oh no, I am so sorry.", "Oh no, I am so sorry."),
+    ("That is hard. That is hard. I hope it gets better.", "That is hard."),  # the repeat goes first
+])
+def test_clean_reply_keeping_a_second_sentence_only_where_it_asks(raw, clean):
+    assert clean_reply(raw, "question") == clean
+    assert clean_reply(raw) == clean_reply(raw, "any")
+
+
 @pytest.mark.parametrize(("raw", "prose"), [
     ("i 'm so sorry . what was the dog 's name ?", "I'm so sorry. What was the dog's name?"),
     ("me neither , but i really did n't think so !", "Me neither, but I really didn't think so!"),

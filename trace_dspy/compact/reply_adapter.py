@@ -67,7 +67,8 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
     - the conversation itself, speaker turns as user messages and listener
       turns as assistant messages.
 
-    The completion is the reply (``clean_reply``). With ``scaffold``
+    The completion is the reply (``clean_reply``; with ``second="question"``,
+    ``ProgramConfig.reply_second``, a second sentence only where it asks). With ``scaffold``
     (``reply_format = "scaffold"``) the system line drops the plan in words:
     the openers of the scaffolded sentences carry it. With ``briefed``
     (``reply_format = "briefed"``, the layout a fine-tuned writer learns:
@@ -78,11 +79,13 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
     written. Every other stage is formatted as by DSPy's ChatAdapter.
     """
 
-    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, briefed: bool = False, **kwargs):
+    def __init__(self, *args, exemplars: bool = False, scaffold: bool = False, briefed: bool = False,
+                 second: str = "any", **kwargs):
         super().__init__(*args, **kwargs)
         self.exemplars = exemplars
         self.scaffold = scaffold
         self.briefed = briefed
+        self.second = second
 
     def constraint_layout(self, signature) -> str | None:
         # The reply is plain chat text: its only bound is the stop at the line break.
@@ -149,7 +152,7 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
             return {CONTINUATION: completion}
         if not is_reply_signature(signature):
             return super().parse(signature, completion)
-        reply = clean_reply(completion)
+        reply = clean_reply(completion, self.second)
         if not reply:
             from dspy.utils.exceptions import AdapterParseError
 
@@ -158,14 +161,15 @@ class ChatReplyAdapter(ConstrainedChatAdapter):
         return {"response": reply}
 
 
-_CHAT_REPLY: dict[tuple[bool, bool, bool], ChatReplyAdapter] = {}
+_CHAT_REPLY: dict[tuple[bool, bool, bool, str], ChatReplyAdapter] = {}
 
 
-def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False, briefed: bool = False) -> ChatReplyAdapter:
+def chat_reply_adapter(*, exemplars: bool = False, scaffold: bool = False, briefed: bool = False,
+                       second: str = "any") -> ChatReplyAdapter:
     """A shared ChatReplyAdapter (it holds no per-call state)."""
-    key = (bool(exemplars), bool(scaffold), bool(briefed))
+    key = (bool(exemplars), bool(scaffold), bool(briefed), str(second))
     if key not in _CHAT_REPLY:  # a race makes an equal one at worst
-        _CHAT_REPLY[key] = ChatReplyAdapter(exemplars=key[0], scaffold=key[1], briefed=key[2])
+        _CHAT_REPLY[key] = ChatReplyAdapter(exemplars=key[0], scaffold=key[1], briefed=key[2], second=key[3])
     return _CHAT_REPLY[key]
 
 

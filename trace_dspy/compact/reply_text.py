@@ -189,8 +189,9 @@ def _cut_repeated_run(line: str, size: int = REPEAT_RUN) -> str:
     return kept
 
 
-def clean_reply(text: str) -> str:
-    """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most."""
+def clean_reply(text: str, second: str = "any") -> str:
+    """The listener's words from a chat completion: one line, no role prefix, no loop, two sentences at most;
+    with ``second="question"`` (``ProgramConfig.reply_second``) the second only where it asks."""
     line = next((ln for ln in text.strip().splitlines() if ln.strip()), "")
     line = tidy_text(_ROLE_PREFIX.sub("", line).strip().strip('"').strip())
     cut = loop_start(line)
@@ -202,5 +203,7 @@ def clean_reply(text: str) -> str:
         if sentence and sentence.lower() not in seen:
             seen.add(sentence.lower())
             kept.append(sentence)
+    if second == "question" and len(kept) > 1 and not kept[1].endswith("?"):
+        return kept[0]
     return " ".join(kept[:2])
 

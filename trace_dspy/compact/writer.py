@@ -65,7 +65,7 @@ class CompactWriter:
         if stage == "generate_response" and self.reply_format() in ("chat", "scaffold", "briefed"):
             return chat_reply_adapter(exemplars=self.config.reply_exemplars,
                                       scaffold=self.reply_format() == "scaffold",
-                                      briefed=self.reply_format() == "briefed")
+                                      briefed=self.reply_format() == "briefed", second=self.config.reply_second)
         return COMPACT if self.config.adapter == "auto" else make_adapter(self.config.adapter)
 
     def stage_lm(self, program, stage: str) -> dspy.LM | None:

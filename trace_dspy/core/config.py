@@ -21,6 +21,8 @@ from trace_dspy.core.stages import (  # the stage registry
 
 ADAPTER_CHOICES: tuple[str, ...] = ("auto", "chat", "compact", "json")
 REPLY_FORMATS: tuple[str, ...] = ("auto", "fields", "chat", "scaffold", "briefed")
+# What a chat-layout reply keeps after its first sentence (ProgramConfig.reply_second).
+REPLY_SECONDS: tuple[str, ...] = ("any", "question")
 PLANNER_CHOICES: tuple[str, ...] = ("auto", "lm")
 # How the program writes (trace_dspy.program.writers): TRACE as published, or the small-model writer.
 WRITER_CHOICES: tuple[str, ...] = ("auto", "compact", "standard")
@@ -195,6 +197,11 @@ class ProgramConfig:
         in their tone (docs/results/replies.md, "Nearest exemplars for the writer").
         The copy guard scores a candidate that pastes one 0. Artifacts saved
         before the option existed load with false.
+    reply_second (compact writer, chat and briefed layouts): what a reply keeps after its first
+        sentence. ``any`` (the default): a second sentence whatever it says; ``question``: only
+        one that asks. A small fine-tuned writer's second statements ("I hope you did not fail."
+        to an A on a final) are where it invents what happened; its reaction and its question
+        rarely do (docs/results/finetuning.md).
     """
 
     reasoning: tuple[str, ...] = ()
@@ -210,6 +217,7 @@ class ProgramConfig:
     variety_penalty: float = 0.2
     planner: str = "auto"
     reply_exemplars: bool = True
+    reply_second: str = "any"
     retrieval: RetrievalConfig | dict[str, Any] | None = None  # a dict or None is turned into a RetrievalConfig
     commonsense: bool = False
     reflection: bool = False
@@ -231,6 +239,8 @@ class ProgramConfig:
             raise ConfigError(f"adapter must be one of {', '.join(ADAPTER_CHOICES)}, not {self.adapter!r}")
         if self.reply_format not in REPLY_FORMATS:
             raise ConfigError(f"reply_format must be one of {', '.join(REPLY_FORMATS)}, not {self.reply_format!r}")
+        if self.reply_second not in REPLY_SECONDS:
+            raise ConfigError(f"reply_second must be one of {', '.join(REPLY_SECONDS)}, not {self.reply_second!r:.40}")
         if self.prior_k != "auto" and (isinstance(self.prior_k, bool) or not isinstance(self.prior_k, int)
                                        or not 0 <= self.prior_k <= MAX_PRIOR_K):
             raise ConfigError(f"prior_k must be 'auto' or an integer from 0 (prior off) to {MAX_PRIOR_K}, "
@@ -281,7 +291,8 @@ class ProgramConfig:
                 "best_of_threshold": self.best_of_threshold, "tone_floor": self.tone_floor,
                 "opener_variety": self.opener_variety, "variety_penalty": self.variety_penalty,
                 "planner": self.planner,
-                "reply_exemplars": self.reply_exemplars, "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
+                "reply_exemplars": self.reply_exemplars, "reply_second": self.reply_second,
+                "retrieval": self.retrieval.to_dict(), "commonsense": self.commonsense,
                 "reflection": self.reflection, "reflection_rounds": self.reflection_rounds}
 
     @classmethod

@@ -1,12 +1,13 @@
 """Write trace-dspy@v6 with a fine-tuned writer as an artifact of its own, for ``evaluate`` and ``respond``.
 
-    python docs/bench/finetune/make_tuned.py ADAPTER.gguf TRAINING.json ROOT [plain|bestof|race]
+    python docs/bench/finetune/make_tuned.py ADAPTER.gguf TRAINING.json ROOT [plain|bestof|asks|race]
 
 The new version (``trace-dspy-tuned@vN`` under ROOT) keeps v6's instructions, demos, exemplar index and emotion
 prior; its config is the fine-tuned writer's (``trace_dspy.compact.finetune.TUNED_PROGRAM``), its reply stage
 runs on the embedded model with the adapter (the ``writer_adapter`` part, whose record takes the training
 record's counts and settings). ``plain``: one reply for the planner's plan (v6's plan race and Best-of-N off);
-``bestof``: v6's Best-of-N for the planner's plan, no plan race; ``race``: v6's plans and Best-of-N kept around
+``bestof``: v6's Best-of-N for the planner's plan, no plan race; ``asks``: ``bestof`` keeping a second sentence
+only where it asks (``reply_second = "question"``); ``race``: v6's plans and Best-of-N kept around
 the tuned writer.
 """
 
@@ -25,11 +26,13 @@ def main(adapter: str, training: str, root: str, variant: str = "plain") -> None
     program = trace_dspy.load("trace-dspy@v6", attach_lms=False)
     config = tuned_config(program.config)
     plans = {}
-    if variant not in ("plain", "bestof", "race"):
-        raise SystemExit(f"variant must be plain, bestof or race, not {variant!r}")
+    if variant not in ("plain", "bestof", "asks", "race"):
+        raise SystemExit(f"variant must be plain, bestof, asks or race, not {variant!r}")
     if variant == "plain":
         config = dataclasses.replace(config, best_of=1)
-    if variant in ("plain", "bestof"):
+    if variant == "asks":
+        config = dataclasses.replace(config, reply_second="question")
+    if variant in ("plain", "bestof", "asks"):
         plans = {"reply_plans": (), "first_plan": None}
     program.config = config
     with open(training) as fh:  # file-audit: a measurement script's input

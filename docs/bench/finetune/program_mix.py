@@ -1,5 +1,6 @@
 """What the ``program`` mix would teach: the program's own replies to pool conversations' opening messages, the
-share the metric passes, and how templated the passed ones are.
+share the metric passes, and how templated the passed ones are; beside it, the same of the ``human`` mix's replies
+to the same conversations.
 
     python docs/bench/finetune/program_mix.py ../shared/data/empathetic_dialogues 150 \
         docs/bench/finetune/program_mix.json [--program trace-dspy@v6]
@@ -7,8 +8,9 @@ share the metric passes, and how templated the passed ones are.
 The conversations are drawn as ``compile --optimizer finetune --finetune-mix program --finetune-limit N`` draws
 them (the training side of the seeded split, each conversation's first exchange, seed 0), the replies are kept
 by the same test (``program_traces``: the default metric passes them), and the kept replies go through the
-blind reading's template checks ("How are you feeling about", the most that share one word 3-gram). The record
-holds every reply, kept or not, so that the examples can be read.
+blind reading's template checks ("How are you feeling about", the most that share one word 3-gram) and Dist-2.
+The human side: the first listener replies of the same conversations that pass the default floors, as
+``--finetune-mix human`` keeps them. The record holds every program reply, kept or not, so that they can be read.
 """
 
 import argparse
@@ -18,11 +20,27 @@ import time
 
 import trace_dspy
 from trace_dspy.bench.blind import template_checks
+from trace_dspy.compact.finetune import FinetuneConfig
 from trace_dspy.compact.finetune_fit import first_turns, program_traces, training_side
+from trace_dspy.data.listener_replies import listener_replies
 from trace_dspy.data.sources import load_splits
+from trace_dspy.optimize.empathy import shared_scorer
+from trace_dspy.optimize.relevance import shared_relevance
 from trace_dspy.optimize.scorers import distinct_n
 from trace_dspy.workflows.evaluation import build_metric
 from trace_dspy.workflows.settings import Settings
+
+
+def human_side(source, conversations: set[str]) -> dict:
+    """The human mix's replies of ``conversations``: how many pass the default floors, and their templates."""
+    floors = FinetuneConfig().floors
+    items = [r for r in listener_replies(source).items if r.conv_id in conversations]
+    speakers, texts = [r.speaker for r in items], [r.reply for r in items]
+    levels = shared_scorer().score_batch(speakers, texts)
+    fits = shared_relevance().score_batch(speakers, speakers, texts)
+    kept = [t for t, lv, fit in zip(texts, levels, fits) if floors.passes(fit, lv)]
+    return {"conversations": len(items), "passed": len(kept), "passed_templates": template_checks(kept),
+            "passed_dist2": round(distinct_n(kept, 2), 1)}
 
 
 def main(argv: list[str]) -> None:
@@ -57,7 +75,8 @@ def main(argv: list[str]) -> None:
            "dialogues": len(turns), "written": len(replies), "passed": len(kept),
            "seconds": round(seconds, 1), "seconds_per_dialogue": round(seconds / max(len(turns), 1), 2),
            "passed_templates": template_checks(texts), "passed_dist2": round(distinct_n(texts, 2), 1),
-           "all_templates": template_checks([r["response"] for r in replies]), "replies": replies}
+           "all_templates": template_checks([r["response"] for r in replies]),
+           "human": human_side(source, {str(e.conversation_id) for e in turns}), "replies": replies}
     with open(args.record, "w") as fh:  # file-audit: a measurement script's own output
         json.dump(out, fh, indent=1)
     print(json.dumps({k: v for k, v in out.items() if k != "replies"}, indent=1))

@@ -1,12 +1,14 @@
 """Answer a respond-style JSONL of messages with trace-dspy@v6's stages and a fine-tuned writer.
 
-    python docs/bench/finetune/tuned_replies.py ADAPTER.gguf INPUT.jsonl OUTPUT.jsonl [plain|bestof|race]
+    python docs/bench/finetune/tuned_replies.py ADAPTER.gguf INPUT.jsonl OUTPUT.jsonl [plain|bestof|asks|race]
 
 The emotion, cause and plan come from trace-dspy@v6 on the embedded model as they do in ``respond``; the reply
 stage runs on the same model with the LoRA adapter, in the briefed layout (``trace_dspy.compact.finetune``):
 ``plain`` writes one reply for the plan (no plan race, no Best-of-N); ``bestof`` writes it for the planner's
 plan with v6's Best-of-N (the greedy reply, then up to three samples while the guarded reward is under v6's
-threshold) and no plan race; ``race`` keeps v6's plan race and Best-of-N around the tuned writer. Rows are written as ``respond --input`` writes them (id, dialogue, response).
+threshold) and no plan race; ``asks``: ``bestof`` where each candidate keeps a second sentence only when it asks
+(``reply_second = "question"``); ``race`` keeps v6's plan race and Best-of-N around the tuned writer. Rows are
+written as ``respond --input`` writes them (id, dialogue, response).
 """
 
 import dataclasses
@@ -23,12 +25,14 @@ from trace_dspy.lm.specs import local_lm
 def tuned_program(adapter: str, variant: str):
     program = trace_dspy.load("trace-dspy@v6")
     config = tuned_config(program.config)
+    if variant not in ("plain", "bestof", "asks", "race"):
+        raise SystemExit(f"variant must be plain, bestof, asks or race, not {variant!r}")
     if variant == "plain":
         config = dataclasses.replace(config, best_of=1)
+    if variant == "asks":
+        config = dataclasses.replace(config, reply_second="question")
     program.config = config
-    if variant not in ("plain", "bestof", "race"):
-        raise SystemExit(f"variant must be plain, bestof or race, not {variant!r}")
-    if variant in ("plain", "bestof"):
+    if variant in ("plain", "bestof", "asks"):
         program = program.with_parts(reply_plans=(), first_plan=None)
     base = local_lm()
     stages = {stage: base for stage in ("recognize_emotion", "analyze_cause", "plan_strategy")}
