@@ -10,13 +10,13 @@ them (the training side of the seeded split, each conversation's first exchange,
 by the same test (``program_traces``: the default metric passes them), and the kept replies go through the
 blind reading's template checks ("How are you feeling about", the most that share one word 3-gram) and Dist-2.
 The human side: the first listener replies of the same conversations that pass the default floors, as
-``--finetune-mix human`` keeps them. The record holds every program reply, kept or not, so that they can be read.
+``--finetune-mix human`` keeps them. The record holds every program reply, kept or not, so that they can be read
+(no timings: a second run is served from DSPy's cache).
 """
 
 import argparse
 import json
 import sys
-import time
 
 import trace_dspy
 from trace_dspy.bench.blind import template_checks
@@ -64,16 +64,13 @@ def main(argv: list[str]) -> None:
                             "strategy": pred.strategy})
             return pred
 
-    started = time.time()
     kept = program_traces(_Recording(), turns, metric, print)
-    seconds = time.time() - started
     passed = {reply for _, reply in kept}
     for row in replies:
         row["passed"] = row["response"] in passed
     texts = [reply for _, reply in kept]
     out = {"command": "python docs/bench/finetune/program_mix.py " + " ".join(argv), "program": args.program,
            "dialogues": len(turns), "written": len(replies), "passed": len(kept),
-           "seconds": round(seconds, 1), "seconds_per_dialogue": round(seconds / max(len(turns), 1), 2),
            "passed_templates": template_checks(texts), "passed_dist2": round(distinct_n(texts, 2), 1),
            "all_templates": template_checks([r["response"] for r in replies]),
            "human": human_side(source, {str(e.conversation_id) for e in turns}), "replies": replies}
