@@ -200,8 +200,9 @@ class ProgramConfig:
     reply_second (compact writer, chat and briefed layouts): what a reply keeps after its first
         sentence. ``any`` (the default): a second sentence whatever it says; ``question``: only
         one that asks. A small fine-tuned writer's second statements ("I hope you did not fail."
-        to an A on a final) are where it invents what happened; its reaction and its question
-        rarely do (docs/results/finetuning.md).
+        to an A on a final) are where it most often invents what happened; read blind, its
+        replies cut this way were sent more often, though the metric scores them lower
+        (docs/results/finetuning.md).
     """
 
     reasoning: tuple[str, ...] = ()
