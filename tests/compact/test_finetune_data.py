@@ -74,16 +74,17 @@ def test_the_program_mix_answers_each_conversations_first_turn_as_the_human_mix_
     from trace_dspy.compact.finetune_fit import first_turns
     from trace_dspy.data.samples import Sample
 
-    def sample(conv: str, turns: tuple[str, ...]) -> Sample:
-        return Sample(f"{conv}:{len(turns)}", conv, turns, "sad", f"reply to {turns[-1]}")
+    def sample(conv: str, turns: tuple[str, ...], reply: str) -> Sample:
+        return Sample(f"{conv}:{len(turns)}", conv, turns, "sad", reply)
 
-    opening = ("my dog died last night .",)  # ED's text, lower-cased with spaced punctuation
-    # ED's pool holds every prefix of a conversation (the longest first here); a JSONL pool may hold it whole
-    pool = [sample("c1", opening + ("So sorry. How old was he?", "Twelve. He was my best friend.")),
-            sample("c1", opening), sample("c2", ("I passed my driving test!", "Congrats! First try?", "Yes!"))]
+    # ED's text, lower-cased with spaced punctuation; its pool holds every prefix of a conversation (the
+    # longest first here), each with the reply that follows it; a JSONL pool may hold a conversation whole
+    dog = ("my dog died last night .", "so sorry . how old was he ?", "twelve . he was my best friend .")
+    pool = [sample("c1", dog, "i am so sorry ."), sample("c1", dog[:1], dog[1]),
+            sample("c2", ("I passed my driving test!", "Congrats! First try?", "Yes!"), "Well done!")]
     turns = first_turns(pool, None, 0)
     assert [e.dialogue for e in turns] == ["Speaker: My dog died last night.", "Speaker: I passed my driving test!"]
-    assert [e.response for e in turns] == ["Reply to my dog died last night.", "Congrats! First try?"]
+    assert [e.response for e in turns] == ["So sorry. How old was he?", "Congrats! First try?"]
     assert set(turns[0].inputs().keys()) == {"dialogue"} and turns[1].conversation_id == "c2"
     drawn = first_turns(pool, 1, 0)
     assert len(drawn) == 1 and drawn == first_turns(pool, 1, 0)  # the draw is seeded

@@ -92,21 +92,16 @@ def _relevance(floors):
 def first_turns(samples: Sequence[Any], limit: int | None, seed: int) -> list[dspy.Example]:
     """Each conversation's first exchange as an example: its speaker's first turn, with the listener's first
     reply as the gold, from the pool ``samples`` (``Sample``; a conversation may be held whole or as every
-    prefix); ``limit`` of them drawn with ``seed``. The exchanges the human mix learns from, cleaned as it
-    cleans them (ED's lower-cased, spaced text put back together), so that both sources teach the same input."""
-    from trace_dspy.data.listener_replies import clean_text
+    prefix); ``limit`` of them drawn with ``seed``. The exchanges the human mix learns from, found and cleaned
+    as it finds them (``opening_exchanges``), so that both sources teach the same input."""
+    from trace_dspy.data.listener_replies import opening_exchanges
+    from trace_dspy.data.samples import Sample
 
-    first: dict[str, Any] = {}
-    for sample in samples:
-        key = str(sample.conversation_id)
-        if key not in first or len(sample.turns) < len(first[key].turns):
-            first[key] = sample
-    chosen = [first[key] for key in sorted(first)]
+    chosen = sorted(opening_exchanges(samples), key=lambda o: o.conv_id)  # the draw's order: ids as text
     if limit is not None and limit < len(chosen):
         chosen = [chosen[i] for i in sorted(random.Random(seed).sample(range(len(chosen)), limit))]
-    return [replace(s, turns=(clean_text(s.turns[0]),),
-                    response=clean_text(s.turns[1] if len(s.turns) > 1 else s.response)).to_example()
-            for s in chosen]
+    return [Sample(o.conv_id, o.conv_id, (o.speaker,), o.emotion, o.reply, o.raw_situation).to_example()
+            for o in chosen]
 
 
 def program_traces(program, examples: Sequence[dspy.Example], metric, log: Log) -> list[tuple[dict, str]]:

@@ -217,7 +217,7 @@ def _conv_order(conv_id: str) -> list[tuple[int, int | str]]:
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", conv_id) if part]
 
 
-def _openings(samples: Sequence[Sample]) -> list[ListenerReply]:
+def opening_exchanges(samples: Sequence[Sample]) -> list[ListenerReply]:
     """Each conversation's first speaker turn and first listener reply, cleaned, in conversation-id order.
     The longest sample of a conversation holds both (its first two turns, or its turn and reply)."""
     longest: dict[str, Sample] = {}
@@ -268,7 +268,7 @@ def listener_replies(source_or_folder: DataSource | str | os.PathLike | None = N
     same pool, limit and seed), in conversation-id order. A missing or malformed file is a DataError.
     """
     samples, location = _pool(source_or_folder)
-    pairs = _openings(samples)
+    pairs = opening_exchanges(samples)
     kept: list[ListenerReply] = []
     skipped: dict[str, int] = defaultdict(int)
     seen: set[tuple[str, str]] = set()
@@ -308,4 +308,4 @@ def reply_lengths(replies: ListenerReplies | Sequence[ListenerReply]) -> dict[st
 
 
 __all__ = ["MIN_REPLY_WORDS", "PROPER_NAMES", "ListenerReplies", "ListenerReply", "ReplyCounts", "before_after",
-           "clean_text", "detokenize", "listener_replies", "reply_lengths", "truecase"]
+           "clean_text", "detokenize", "listener_replies", "opening_exchanges", "reply_lengths", "truecase"]
