@@ -11,7 +11,6 @@ only where it asks (``reply_second = "question"``); ``race``: v6's plans and Bes
 the tuned writer.
 """
 
-import dataclasses
 import json
 import sys
 
@@ -20,20 +19,13 @@ from trace_dspy.compact.finetune import tuned_config
 from trace_dspy.program.adapter_part import WriterAdapter
 from trace_dspy.store import artifacts
 from trace_dspy.store.artifacts import read_manifest
+from tuned_replies import variant_config  # the variants' one home, beside this script
 
 
 def main(adapter: str, training: str, root: str, variant: str = "plain") -> None:
     program = trace_dspy.load("trace-dspy@v6", attach_lms=False)
-    config = tuned_config(program.config)
-    plans = {}
-    if variant not in ("plain", "bestof", "asks", "race"):
-        raise SystemExit(f"variant must be plain, bestof, asks or race, not {variant!r}")
-    if variant == "plain":
-        config = dataclasses.replace(config, best_of=1)
-    if variant == "asks":
-        config = dataclasses.replace(config, reply_second="question")
-    if variant in ("plain", "bestof", "asks"):
-        plans = {"reply_plans": (), "first_plan": None}
+    config, no_race = variant_config(tuned_config(program.config), variant)
+    plans = {"reply_plans": (), "first_plan": None} if no_race else {}
     program.config = config
     with open(training) as fh:  # file-audit: a measurement script's input
         record = json.load(fh)

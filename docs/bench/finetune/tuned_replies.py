@@ -22,17 +22,25 @@ from trace_dspy.core.dialogue import normalize_dialogue
 from trace_dspy.lm.specs import local_lm
 
 
-def tuned_program(adapter: str, variant: str):
-    program = trace_dspy.load("trace-dspy@v6")
-    config = tuned_config(program.config)
-    if variant not in ("plain", "bestof", "asks", "race"):
-        raise SystemExit(f"variant must be plain, bestof, asks or race, not {variant!r}")
+VARIANTS = ("plain", "bestof", "asks", "race")
+
+
+def variant_config(config, variant: str):
+    """The tuned ``config`` as ``variant`` runs it (see the module docstring), and whether v6's plan race goes
+    (its ``reply_plans`` and ``first_plan`` parts left out). ``make_tuned.py`` builds its artifacts with it."""
+    if variant not in VARIANTS:
+        raise SystemExit(f"variant must be {', '.join(VARIANTS[:-1])} or {VARIANTS[-1]}, not {variant!r}")
     if variant == "plain":
         config = dataclasses.replace(config, best_of=1)
     if variant == "asks":
         config = dataclasses.replace(config, reply_second="question")
-    program.config = config
-    if variant in ("plain", "bestof", "asks"):
+    return config, variant != "race"
+
+
+def tuned_program(adapter: str, variant: str):
+    program = trace_dspy.load("trace-dspy@v6")
+    program.config, no_race = variant_config(tuned_config(program.config), variant)
+    if no_race:
         program = program.with_parts(reply_plans=(), first_plan=None)
     base = local_lm()
     stages = {stage: base for stage in ("recognize_emotion", "analyze_cause", "plan_strategy")}
