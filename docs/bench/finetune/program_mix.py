@@ -20,25 +20,27 @@ import sys
 
 import trace_dspy
 from trace_dspy.bench.blind import template_checks
-from trace_dspy.compact.finetune import FinetuneConfig
+from trace_dspy.compact.finetune import FinetuneConfig, human_examples, tuned_config
 from trace_dspy.compact.finetune_fit import first_turns, program_traces, training_side
+from trace_dspy.core.config import ProgramConfig
 from trace_dspy.data.listener_replies import listener_replies
 from trace_dspy.data.sources import load_splits
 from trace_dspy.optimize.empathy import shared_scorer
 from trace_dspy.optimize.relevance import shared_relevance
 from trace_dspy.optimize.scorers import distinct_n
+from trace_dspy.program.pipeline import stage_signature
 from trace_dspy.workflows.evaluation import build_metric
 from trace_dspy.workflows.settings import Settings
 
 
 def human_side(source, conversations: set[str]) -> dict:
-    """The human mix's replies of ``conversations``: how many pass the default floors, and their templates."""
-    floors = FinetuneConfig().floors
+    """The human mix's replies of ``conversations``: how many pass the default floors (``human_examples``, as the
+    compile keeps them), and their templates."""
     items = [r for r in listener_replies(source).items if r.conv_id in conversations]
-    speakers, texts = [r.speaker for r in items], [r.reply for r in items]
-    levels = shared_scorer().score_batch(speakers, texts)
-    fits = shared_relevance().score_batch(speakers, speakers, texts)
-    kept = [t for t, lv, fit in zip(texts, levels, fits) if floors.passes(fit, lv)]
+    signature = stage_signature("generate_response", tuned_config(ProgramConfig()))
+    human = human_examples(items, shared_scorer(), signature, relevance=shared_relevance(),
+                           floors=FinetuneConfig().floors)
+    kept = [example["messages"][-1]["content"] for example in human.examples]  # the reply each one learns
     return {"conversations": len(items), "passed": len(kept), "passed_templates": template_checks(kept),
             "passed_dist2": round(distinct_n(kept, 2), 1)}
 
